@@ -1,0 +1,34 @@
+"""Errors a job raises to its driver."""
+
+from __future__ import annotations
+
+__all__ = ["JobFailedError", "OperatorError", "JobCancelledError"]
+
+
+class OperatorError(RuntimeError):
+    """User code in one operator subtask raised; carries the original traceback text."""
+
+    def __init__(self, operator: str, subtask: int, parallelism: int, cause: str, tb: str):
+        self.operator = operator
+        self.subtask = subtask
+        self.parallelism = parallelism
+        self.cause = cause
+        self.traceback_text = tb
+        super().__init__(
+            f"operator {operator!r} (subtask {subtask + 1}/{parallelism}) failed: {cause}\n"
+            f"--- original traceback ---\n{tb}"
+        )
+
+    def __reduce__(self):
+        return (
+            OperatorError,
+            (self.operator, self.subtask, self.parallelism, self.cause, self.traceback_text),
+        )
+
+
+class JobFailedError(RuntimeError):
+    """The job stopped without finishing; the message says why."""
+
+
+class JobCancelledError(JobFailedError):
+    """The job was cancelled through its JobClient."""

@@ -1,0 +1,224 @@
+"""The physical plan: chains of operators (vertices) joined by partitioned edges.
+
+Translation from the logical plan:
+
+* unions are dissolved: their consumers read every union input directly;
+* a DEFAULT edge becomes FORWARD when both ends have the same parallelism and
+  REBALANCE otherwise; an explicit FORWARD between different parallelisms is an
+  error;
+* a transformation is chained into its input's vertex when it has exactly one
+  input, that edge is FORWARD, both have the same parallelism, the input has
+  no other consumer, and chaining is enabled for both.
+
+Each subtask of a vertex numbers its input channels (see :meth:`JobGraph.input_channels`);
+the sender of a message names the channel index at the receiver.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from rayflow.plan.logical import InputEdge, LogicalPlan, Transformation
+from rayflow.plan.partitioners import PartitionerSpec, PartitionKind
+
+
+class PlanError(ValueError):
+    """The job graph cannot be built as written."""
+
+
+@dataclass
+class OperatorSpec:
+    name: str
+    uid: str
+    factory: Callable[[], Any]
+
+
+@dataclass
+class EdgeSpec:
+    edge_id: int
+    source_vertex: int
+    target_vertex: int
+    partitioner: PartitionerSpec
+
+
+@dataclass
+class VertexSpec:
+    vertex_id: int
+    name: str
+    parallelism: int
+    max_parallelism: int
+    operators: list[OperatorSpec] = field(default_factory=list)
+    source: Any = None
+    source_uid: str | None = None
+    sinks: list[Any] = field(default_factory=list)
+    in_edges: list[int] = field(default_factory=list)
+    out_edges: list[int] = field(default_factory=list)
+
+    @property
+    def is_source(self) -> bool:
+        return self.source is not None
+
+
+@dataclass
+class JobGraph:
+    vertices: dict[int, VertexSpec]
+    edges: dict[int, EdgeSpec]
+
+    def topological_order(self) -> list[int]:
+        return sorted(self.vertices)
+
+    def input_channels(self, vertex_id: int, subtask: int) -> list[tuple[int, int]]:
+        """The ``(edge id, sending subtask)`` of each input channel of a subtask, by index."""
+        channels: list[tuple[int, int]] = []
+        for edge_id in self.vertices[vertex_id].in_edges:
+            edge = self.edges[edge_id]
+            if edge.partitioner.kind is PartitionKind.FORWARD:
+                channels.append((edge_id, subtask))
+            else:
+                parallelism = self.vertices[edge.source_vertex].parallelism
+                channels.extend((edge_id, j) for j in range(parallelism))
+        return channels
+
+    def channel_index(self, edge_id: int, sender: int, receiver: int) -> int:
+        return self.input_channels(self.edges[edge_id].target_vertex, receiver).index(
+            (edge_id, sender)
+        )
+
+    def explain(self) -> str:
+        lines = []
+        for vid in self.topological_order():
+            v = self.vertices[vid]
+            chain = " -> ".join(op.name for op in v.operators)
+            head = f"[{vid}] {v.name} (parallelism {v.parallelism})"
+            lines.append(head + (f": {chain}" if chain else ""))
+            for eid in v.out_edges:
+                e = self.edges[eid]
+                target = self.vertices[e.target_vertex]
+                lines.append(f"    --{e.partitioner.describe()}--> [{target.vertex_id}] {target.name}")
+        return "\n".join(lines)
+
+
+def build_job_graph(
+    plan: LogicalPlan,
+    default_parallelism: int,
+    default_max_parallelism: int,
+    chaining: bool = True,
+) -> JobGraph:
+    """Translate ``plan`` into a :class:`JobGraph`."""
+    transformations = plan.transformations
+    parallelism = {
+        t.id: _parallelism_of(t, transformations, default_parallelism)
+        for t in transformations.values()
+    }
+    max_par = {t.id: t.max_parallelism or default_max_parallelism for t in transformations.values()}
+    for t in transformations.values():
+        if parallelism[t.id] > max_par[t.id]:
+            raise PlanError(
+                f"operator {t.name!r}: parallelism {parallelism[t.id]} exceeds "
+                f"max parallelism {max_par[t.id]}"
+            )
+
+    real = [t for t in sorted(transformations.values(), key=lambda t: t.id) if t.kind != "union"]
+    resolved_inputs: dict[int, list[InputEdge]] = {
+        t.id: _resolve_inputs(t, transformations) for t in real
+    }
+    consumer_count: dict[int, int] = {t.id: 0 for t in real}
+    for edges in resolved_inputs.values():
+        for edge in edges:
+            consumer_count[edge.upstream] += 1
+    for t in real:
+        if t.kind != "sink" and consumer_count[t.id] == 0:
+            raise PlanError(f"operator {t.name!r} has no consumer: end it with sink_to(...)")
+
+    for t in real:
+        for edge in resolved_inputs[t.id]:
+            kind = edge.partitioner.kind
+            same = parallelism[edge.upstream] == parallelism[t.id]
+            if kind is PartitionKind.DEFAULT:
+                edge.partitioner = PartitionerSpec(
+                    PartitionKind.FORWARD if same else PartitionKind.REBALANCE
+                )
+            elif kind is PartitionKind.FORWARD and not same:
+                raise PlanError(
+                    f"forward edge {transformations[edge.upstream].name!r} -> {t.name!r} "
+                    f"joins parallelism {parallelism[edge.upstream]} to {parallelism[t.id]}; "
+                    "use rebalance() or equal parallelism"
+                )
+
+    vertex_of: dict[int, int] = {}
+    vertices: dict[int, VertexSpec] = {}
+    edges: dict[int, EdgeSpec] = {}
+    for t in real:
+        inputs = resolved_inputs[t.id]
+        upstream = transformations[inputs[0].upstream] if len(inputs) == 1 else None
+        chain_into = (
+            chaining
+            and upstream is not None
+            and t.chainable
+            and upstream.chainable
+            and inputs[0].partitioner.kind is PartitionKind.FORWARD
+            and consumer_count[upstream.id] == 1
+            and parallelism[upstream.id] == parallelism[t.id]
+        )
+        if chain_into:
+            vertex = vertices[vertex_of[upstream.id]]
+            vertex.name = f"{vertex.name} -> {t.name}"
+        else:
+            vertex = VertexSpec(
+                vertex_id=len(vertices),
+                name=t.name,
+                parallelism=parallelism[t.id],
+                max_parallelism=max_par[t.id],
+            )
+            vertices[vertex.vertex_id] = vertex
+            for edge in inputs:
+                edge_spec = EdgeSpec(
+                    edge_id=len(edges),
+                    source_vertex=vertex_of[edge.upstream],
+                    target_vertex=vertex.vertex_id,
+                    partitioner=edge.partitioner,
+                )
+                edges[edge_spec.edge_id] = edge_spec
+                vertex.in_edges.append(edge_spec.edge_id)
+                vertices[edge_spec.source_vertex].out_edges.append(edge_spec.edge_id)
+        vertex_of[t.id] = vertex.vertex_id
+        uid = t.uid or f"{t.kind}-{t.id}"
+        if t.kind == "source":
+            vertex.source = t.source
+            vertex.source_uid = uid
+        else:
+            vertex.operators.append(OperatorSpec(name=t.name, uid=uid, factory=t.operator_factory))
+        if t.kind == "sink":
+            vertex.sinks.append(t.sink)
+    return JobGraph(vertices=vertices, edges=edges)
+
+
+def _parallelism_of(
+    t: Transformation, transformations: dict[int, Transformation], default: int
+) -> int:
+    if t.parallelism is not None:
+        return t.parallelism
+    if t.kind == "union":
+        return max(_parallelism_of(transformations[e.upstream], transformations, default)
+                   for e in t.inputs)
+    return default
+
+
+def _resolve_inputs(
+    t: Transformation, transformations: dict[int, Transformation]
+) -> list[InputEdge]:
+    resolved: list[InputEdge] = []
+    for edge in t.inputs:
+        upstream = transformations[edge.upstream]
+        if upstream.kind != "union":
+            resolved.append(InputEdge(edge.upstream, PartitionerSpec(edge.partitioner.kind,
+                                                                       edge.partitioner.key)))
+            continue
+        for inner in _resolve_inputs(upstream, transformations):
+            spec = edge.partitioner if edge.partitioner.kind is not PartitionKind.DEFAULT else (
+                inner.partitioner
+            )
+            resolved.append(InputEdge(inner.upstream, PartitionerSpec(spec.kind, spec.key)))
+    return resolved

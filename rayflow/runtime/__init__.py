@@ -1,0 +1,1 @@
+"""The runtime: subtask actors, channels, operators and the job master (private)."""

@@ -1,0 +1,110 @@
+"""Channels between subtasks: in-order delivery and credit-based backpressure.
+
+Ray keeps no call order for async actors, so every message carries
+``(channel, seq, attempt)``. The receiving :class:`InputGate` admits message
+``seq`` of a channel only after ``seq - 1`` and only while that channel's
+buffer has room; a ``push`` call waits until then, so a fast sender is held
+back by a slow receiver. The sending :class:`OutputChannel` keeps at most
+``window`` pushes unacknowledged and awaits the oldest when the window is full.
+Per channel, at most ``window`` messages are in flight and ``capacity`` are
+buffered: memory stays bounded whatever the speed of the receiver.
+
+Messages of another attempt (a previous incarnation of the job) are dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from typing import Any
+
+import ray
+
+
+class InputGate:
+    """Bounded, in-order buffers for the input channels of one subtask."""
+
+    def __init__(self, num_channels: int, capacity: int) -> None:
+        self.num_channels = num_channels
+        self.capacity = capacity
+        self._buffers: list[deque[Any]] = [deque() for _ in range(num_channels)]
+        self._next_seq = [0] * num_channels
+        self._blocked = [False] * num_channels
+        self._cond = asyncio.Condition()
+        self._cursor = 0
+        self._buffered = 0
+        self.max_buffered = 0
+
+    async def push(self, channel: int, seq: int, item: Any) -> None:
+        """Admit message ``seq`` of ``channel`` in order; waits while the buffer is full."""
+        buffers, next_seq, capacity = self._buffers, self._next_seq, self.capacity
+        async with self._cond:
+            await self._cond.wait_for(
+                lambda: next_seq[channel] == seq and len(buffers[channel]) < capacity
+            )
+            buffers[channel].append(item)
+            next_seq[channel] = seq + 1
+            self._buffered += 1
+            if self._buffered > self.max_buffered:
+                self.max_buffered = self._buffered
+            self._cond.notify_all()
+
+    def _pick(self) -> int | None:
+        n = self.num_channels
+        for step in range(n):
+            channel = (self._cursor + step) % n
+            if self._buffers[channel] and not self._blocked[channel]:
+                self._cursor = (channel + 1) % n
+                return channel
+        return None
+
+    async def next(self) -> tuple[int, Any]:
+        """The next message from any unblocked channel (round robin)."""
+        async with self._cond:
+            channel = self._pick()
+            while channel is None:
+                await self._cond.wait()
+                channel = self._pick()
+            item = self._buffers[channel].popleft()
+            self._buffered -= 1
+            self._cond.notify_all()
+            return channel, item
+
+    def block(self, channel: int) -> None:
+        """Stop delivering ``channel`` (barrier alignment); pushes still buffer up to capacity."""
+        self._blocked[channel] = True
+
+    async def unblock_all(self) -> None:
+        async with self._cond:
+            self._blocked = [False] * self.num_channels
+            self._cond.notify_all()
+
+    def buffered(self) -> int:
+        return self._buffered
+
+
+class OutputChannel:
+    """Sends messages on one channel to one receiving subtask, at most ``window`` in flight."""
+
+    def __init__(self, receiver: Any, channel: int, attempt: int, window: int) -> None:
+        self.receiver = receiver
+        self.channel = channel
+        self.attempt = attempt
+        self.window = window
+        self._seq = 0
+        self._in_flight: deque[ray.ObjectRef] = deque()
+        self.max_in_flight = 0
+
+    async def send(self, message: Any) -> None:
+        in_flight = self._in_flight
+        while len(in_flight) >= self.window:
+            await in_flight.popleft()
+        in_flight.append(self.receiver.push.remote(self.channel, self._seq, self.attempt, message))
+        self._seq += 1
+        if len(in_flight) > self.max_in_flight:
+            self.max_in_flight = len(in_flight)
+
+    async def flush(self) -> None:
+        """Wait until the receiver has admitted every message sent so far."""
+        while self._in_flight:
+            await self._in_flight.popleft()
