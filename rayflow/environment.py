@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,8 +70,11 @@ class JobResult:
 class JobClient:
     """A handle on a running job."""
 
-    def __init__(self, job_name: str, master: Any, run_ref: Any, graph: JobGraph) -> None:
+    def __init__(
+        self, job_name: str, job_id: str, master: Any, run_ref: Any, graph: JobGraph
+    ) -> None:
         self.job_name = job_name
+        self.job_id = job_id
         self._master = master
         self._run_ref = run_ref
         self._graph = graph
@@ -234,16 +238,13 @@ class StreamExecutionEnvironment:
         ensure_ray()
         settings = JobSettings(
             job_name=job_name,
+            job_id=uuid.uuid4().hex[:12],
             channel_capacity=self._channel_capacity,
             send_window=self._send_window,
             subtask_options=dict(self._subtask_options),
         )
         master = JobMaster.options(max_concurrency=1000).remote(graph, settings)
-        return JobClient(job_name, master, master.run.remote(), graph)
+        return JobClient(job_name, settings.job_id, master, master.run.remote(), graph)
 
     def execute(self, job_name: str = "rayflow job") -> JobResult:
-        client = self.execute_async(job_name)
-        started = time.time()
-        result = client.wait()
-        del started
-        return result
+        return self.execute_async(job_name).wait()

@@ -25,9 +25,15 @@ from rayflow.runtime.subtask import OutputDeployment, SubtaskActor, SubtaskDeplo
 @dataclass
 class JobSettings:
     job_name: str
+    job_id: str = ""
     channel_capacity: int = 8
     send_window: int = 8
     subtask_options: dict[str, Any] = field(default_factory=dict)
+
+
+def subtask_actor_name(job_id: str, vertex_id: int, index: int, attempt: int) -> str:
+    """Subtask actors are named, so tools (and tests) can find every actor of a job."""
+    return f"rayflow:{job_id}:v{vertex_id}:s{index}:a{attempt}"
 
 
 def _unwrap(exc: BaseException) -> BaseException:
@@ -135,7 +141,8 @@ class JobMaster:
                     send_window=settings.send_window,
                 )
                 self.actors[(vertex_id, index)] = SubtaskActor.options(
-                    name=None, **settings.subtask_options
+                    name=subtask_actor_name(settings.job_id, vertex_id, index, attempt),
+                    **settings.subtask_options,
                 ).remote(deployment)
 
     async def _run_attempt(self, attempt: int) -> dict[int, list[Any]]:

@@ -1,0 +1,198 @@
+"""The ``rayflow`` command.
+
+    rayflow run JOB.py [--address ADDR] [JOB ARGS...]   run a job script
+    rayflow demo [--orders N ...]                        run the built-in orders job
+    rayflow --version
+
+Each subcommand is one ``_add_<name>(subparsers)`` function listed in
+``_SUBCOMMANDS``; it registers its parser and sets ``handler`` to a function
+``(args) -> exit code``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import runpy
+import sys
+from collections.abc import Callable, Sequence
+
+import rayflow
+
+__all__ = ["main", "build_parser"]
+
+_DESCRIPTION = """\
+rayflow: Flink-style exactly-once stream processing on Ray.
+
+A job is a Python script that builds a pipeline on a StreamExecutionEnvironment
+and calls execute(). It joins the Ray cluster named by --address or
+$RAY_ADDRESS, and otherwise starts a local Ray in-process."""
+
+_EPILOG = """\
+examples:
+  rayflow demo                                   built-in orders job on a local Ray
+  rayflow demo --orders 1000000 --parallelism 4
+  rayflow run examples/orders.py --orders 50000  run a job script with its own args
+  rayflow run --address auto my_job.py           join a running cluster (ray start --head)
+  rayflow run my_job.py -- --address x           '--' passes the rest to the job unchanged
+
+run 'rayflow COMMAND --help' for the options of one command."""
+
+
+# --- rayflow run -------------------------------------------------------------------------
+
+
+def _add_run(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "run",
+        help="run a job script (python file) on Ray",
+        description="Run a Python job script as __main__ with sys.argv = [JOB, *ARGS]. "
+        "rayflow's own --address may come before JOB or right after it; every other "
+        "argument, and everything after '--', goes to the job.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--address",
+        metavar="ADDR",
+        help="Ray cluster to join (sets RAY_ADDRESS for the job; "
+        "default: $RAY_ADDRESS, else a local Ray)",
+    )
+    parser.add_argument("job", metavar="JOB", help="path to the job's .py file")
+    parser.add_argument(
+        "job_args", nargs=argparse.REMAINDER, metavar="ARGS", help="arguments for the job"
+    )
+    parser.set_defaults(handler=_run)
+
+
+def _split_run_argv(argv: list[str]) -> tuple[list[str], list[str]]:
+    """Cut ``run ... JOB ARGS...`` after JOB: argparse parses the head, ARGS stay verbatim.
+
+    (argparse would drop a ``--`` from ARGS, which must reach ``_split_job_args``.)
+    """
+    i = 1
+    while i < len(argv):
+        token = argv[i]
+        if token == "--address":
+            i += 2
+        elif token.startswith("-"):
+            i += 1  # --address=ADDR, -h, '--' or a mistake: argparse decides
+        else:
+            return argv[: i + 1], argv[i + 1 :]
+    return argv, []
+
+
+def _split_job_args(args: list[str]) -> tuple[str | None, list[str]]:
+    """Take rayflow's ``--address`` off the front of the job's arguments (stop at ``--``)."""
+    address = None
+    rest = list(args)
+    while rest:
+        head = rest[0]
+        if head == "--":
+            rest.pop(0)
+            break
+        if head == "--address" and len(rest) >= 2:
+            address = rest[1]
+            del rest[:2]
+        elif head.startswith("--address="):
+            address = head.split("=", 1)[1]
+            rest.pop(0)
+        else:
+            break
+    return address, rest
+
+
+def _run(args: argparse.Namespace) -> int:
+    address, job_args = _split_job_args(args.job_args)
+    address = address or args.address
+    path = args.job
+    if not os.path.exists(path):
+        return _fail("run", f"no such job file: {path!r}")
+    if os.path.isdir(path) and not os.path.isfile(os.path.join(path, "__main__.py")):
+        return _fail("run", f"{path!r} is a directory without a __main__.py")
+    if address:
+        os.environ["RAY_ADDRESS"] = address
+    saved_argv, saved_path = sys.argv, list(sys.path)
+    sys.argv = [path, *job_args]
+    # like `python JOB.py`: the script's directory comes first on sys.path
+    if os.path.isfile(path):
+        sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
+    try:
+        runpy.run_path(path, run_name="__main__")
+    finally:
+        sys.argv, sys.path[:] = saved_argv, saved_path
+    return 0
+
+
+# --- rayflow demo ------------------------------------------------------------------------
+
+
+def _add_demo(subparsers: argparse._SubParsersAction) -> None:
+    from rayflow.jobs import orders
+
+    parser = subparsers.add_parser(
+        "demo",
+        help="run the built-in orders job and verify its result",
+        description="Run rayflow.jobs.orders: synthetic orders -> per-record enrich -> "
+        "running total per customer (keyed, vectorized) -> collect; then check every "
+        "customer's final total against a direct computation. Exits 1 on a mismatch.",
+    )
+    orders.add_arguments(parser)
+    parser.set_defaults(handler=_demo)
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from rayflow.jobs import orders
+
+    return orders.run(args)
+
+
+# --- registry ----------------------------------------------------------------------------
+
+#: One registration function per subcommand, in the order ``--help`` lists them.
+#: A later ``rayflow checkpoints PATH`` (list / inspect a checkpoint directory) goes here
+#: as ``_add_checkpoints``.
+_SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (_add_run, _add_demo)
+
+
+def register_subcommands(subparsers: argparse._SubParsersAction) -> None:
+    """Add every rayflow subcommand to ``subparsers``."""
+    for add in _SUBCOMMANDS:
+        add(subparsers)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="rayflow",
+        description=_DESCRIPTION,
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"rayflow {rayflow.__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
+    register_subcommands(subparsers)
+    return parser
+
+
+def _fail(command: str, message: str) -> int:
+    print(f"rayflow {command}: error: {message}", file=sys.stderr)
+    return 2
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``rayflow`` console script; returns the exit code."""
+    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    job_args: list[str] | None = None
+    if argv and argv[0] == "run":
+        argv, job_args = _split_run_argv(argv)
+    args = parser.parse_args(argv)
+    if job_args is not None:
+        args.job_args = job_args
+    if args.command is None:
+        parser.print_help(sys.stderr)
+        return 2
+    return args.handler(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,291 @@
+"""The data plane on a real Ray: partitioners, chaining, map_batches, union, end of
+input, keyed state, user errors and backpressure."""
+
+from __future__ import annotations
+
+import collections
+import time
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+import ray
+
+from rayflow import (
+    CollectionSource,
+    JobFailedError,
+    KeyedProcessFunction,
+    ListStateDescriptor,
+    MapStateDescriptor,
+    NumberSequenceSource,
+    ReducingStateDescriptor,
+    RuntimeContext,
+    StreamExecutionEnvironment,
+    ValueStateDescriptor,
+)
+from rayflow.sink import Sink, SinkContext, SinkWriter
+from sinks.basic import CollectSink
+
+
+def env(parallelism: int = 2) -> StreamExecutionEnvironment:
+    return StreamExecutionEnvironment.get_execution_environment().set_parallelism(parallelism)
+
+
+def tag_subtask(name: str):
+    class Tag:
+        def open(self, ctx: RuntimeContext) -> None:
+            self.index = ctx.get_index_of_this_subtask()
+
+        def __call__(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+            return batch.append_column(name, pa.array([self.index] * batch.num_rows))
+
+    from rayflow.functions import Function
+
+    return type("TagFn", (Tag, Function), {})()
+
+
+def test_forward_keeps_each_subtasks_records_on_the_same_subtask():
+    e = env(2).disable_operator_chaining()
+    sink = CollectSink()
+    (
+        e.from_source(NumberSequenceSource(0, 999, batch_size=100))
+        .map_batches(tag_subtask("src"))
+        .forward()
+        .map_batches(tag_subtask("dst"))
+        .sink_to(sink)
+    )
+    table = e.execute().sink_result(sink)
+    assert table.num_rows == 1000
+    assert table.column("src").to_pylist() == table.column("dst").to_pylist()
+    assert sorted(table.column("value").to_pylist()) == list(range(1000))
+
+
+def test_rebalance_spreads_batches_over_all_targets():
+    e = env(1)
+    sink = CollectSink()
+    (
+        e.from_source(NumberSequenceSource(0, 999, batch_size=100))
+        .rebalance()
+        .map_batches(tag_subtask("dst"))
+        .set_parallelism(3)
+        .sink_to(sink)
+        .set_parallelism(3)
+    )
+    table = e.execute().sink_result(sink)
+    counts = collections.Counter(table.column("dst").to_pylist())
+    assert counts == {0: 400, 1: 300, 2: 300}
+
+
+def test_broadcast_delivers_every_record_to_every_subtask():
+    e = env(1)
+    sink = CollectSink()
+    (
+        e.from_source(NumberSequenceSource(0, 99, batch_size=10))
+        .broadcast()
+        .map_batches(tag_subtask("dst"))
+        .set_parallelism(3)
+        .sink_to(sink)
+        .set_parallelism(3)
+    )
+    table = e.execute().sink_result(sink)
+    per_subtask = collections.defaultdict(list)
+    for dst, value in zip(table.column("dst").to_pylist(), table.column("value").to_pylist()):
+        per_subtask[dst].append(value)
+    assert {k: sorted(v) for k, v in per_subtask.items()} == {i: list(range(100)) for i in range(3)}
+
+
+def test_hash_partitioning_puts_every_key_on_exactly_one_subtask():
+    e = env(2)
+    sink = CollectSink()
+    (
+        e.from_collection([{"word": w, "n": 1} for w in ["a", "b", "c", "d", "e"] * 200])
+        .key_by("word")
+        .map_batches(tag_subtask("dst"))
+        .set_parallelism(3)
+        .sink_to(sink)
+        .set_parallelism(3)
+    )
+    table = e.execute().sink_result(sink)
+    owners = collections.defaultdict(set)
+    for word, dst in zip(table.column("word").to_pylist(), table.column("dst").to_pylist()):
+        owners[word].add(dst)
+    assert all(len(o) == 1 for o in owners.values())
+    assert collections.Counter(table.column("word").to_pylist()) == {w: 200 for w in "abcde"}
+
+
+def test_chained_per_record_and_batch_functions():
+    e = env(2)
+    sink = CollectSink()
+    (
+        e.from_source(NumberSequenceSource(1, 1000, batch_size=64))
+        .filter(lambda r: r["value"] % 2 == 0)
+        .map(lambda r: {"value": r["value"], "square": r["value"] ** 2})
+        .flat_map(lambda r: [r, {"value": -r["value"], "square": 0}] if r["value"] <= 10 else [r])
+        .map_batches(lambda b: b.append_column("double", pc.multiply(b.column("value"), 2)))
+        .sink_to(sink)
+    )
+    result = e.execute()
+    assert "Filter -> Map -> FlatMap -> MapBatches -> CollectSink" in e.explain()
+    table = result.sink_result(sink)
+    values = sorted(table.column("value").to_pylist())
+    assert values == sorted([v for v in range(2, 1001, 2)] + [-2, -4, -6, -8, -10])
+    rows = {r["value"]: r for r in table.to_pylist()}
+    assert rows[500]["square"] == 250000 and rows[500]["double"] == 1000
+
+
+def test_union_and_end_of_input_with_several_sources():
+    e = env(2)
+    sink = CollectSink()
+    a = e.from_source(NumberSequenceSource(0, 4999, batch_size=500), "a")
+    b = e.from_source(NumberSequenceSource(10_000, 10_099, batch_size=7), "b").set_parallelism(1)
+    c = e.from_collection([{"value": -1}, {"value": -2}], "c")
+    a.union(b, c).key_by("value").map_batches(lambda x: x).sink_to(sink)
+    table = e.execute("union").sink_result(sink)
+    expected = list(range(5000)) + list(range(10_000, 10_100)) + [-1, -2]
+    assert sorted(table.column("value").to_pylist()) == sorted(expected)
+
+
+class EveryStateType(KeyedProcessFunction):
+    def open(self, ctx: RuntimeContext) -> None:
+        self.count = ctx.get_state(ValueStateDescriptor("count", default=0))
+        self.history = ctx.get_list_state(ListStateDescriptor("history"))
+        self.seen = ctx.get_map_state(MapStateDescriptor("seen"))
+        self.total = ctx.get_reducing_state(ReducingStateDescriptor("total", lambda a, b: a + b))
+
+    def process_element(self, value, ctx):
+        self.count.update(self.count.value() + 1)
+        self.history.add(value["v"])
+        self.seen.put(value["v"] % 3, self.seen.get(value["v"] % 3, 0) + 1)
+        self.total.add(value["v"])
+        if self.count.value() == 4:
+            yield {
+                "key": ctx.get_current_key(),
+                "count": self.count.value(),
+                "history": sorted(self.history.get()),
+                "seen": sorted(self.seen.items()),
+                "total": self.total.get(),
+            }
+
+
+def test_every_keyed_state_type_is_scoped_per_key():
+    records = [{"k": f"key-{i % 5}", "v": i} for i in range(20)]
+    e = env(2)
+    sink = CollectSink()
+    e.from_collection(records).key_by("k").process(EveryStateType()).sink_to(sink)
+    rows = {r["key"]: r for r in e.execute().sink_result(sink).to_pylist()}
+    assert sorted(rows) == [f"key-{i}" for i in range(5)]
+    for i in range(5):
+        values = [i, i + 5, i + 10, i + 15]
+        row = rows[f"key-{i}"]
+        assert row["count"] == 4
+        assert row["history"] == values
+        assert row["total"] == sum(values)
+        expected_seen = collections.Counter(v % 3 for v in values)
+        assert row["seen"] == [{"key": k, "value": v} for k, v in sorted(expected_seen.items())] \
+            or row["seen"] == [[k, v] for k, v in sorted(expected_seen.items())]
+
+
+def test_builtin_count_min_max():
+    records = [{"k": i % 3, "v": (i * 37) % 101} for i in range(300)]
+    results = {}
+    for agg in ("count", "min", "max"):
+        e = env(2)
+        sink = CollectSink()
+        keyed = e.from_collection(records).key_by("k")
+        (keyed.count() if agg == "count" else getattr(keyed, agg)("v")).sink_to(sink)
+        table = e.execute().sink_result(sink)
+        column = "count" if agg == "count" else "v"
+        results[agg] = dict(zip(table.column("k").to_pylist(), table.column(column).to_pylist()))
+    for k in range(3):
+        vs = [r["v"] for r in records if r["k"] == k]
+        assert results["count"][k] == len(vs)
+        assert results["min"][k] == min(vs)
+        assert results["max"][k] == max(vs)
+
+
+def test_user_exception_names_operator_and_subtask_and_leaves_no_actor():
+    def explode(record):
+        if record["value"] == 777:
+            raise ZeroDivisionError("boom at 777")
+        return record
+
+    e = env(2)
+    e.from_source(NumberSequenceSource(0, 999, batch_size=50)).map(explode, name="exploder").sink_to(
+        CollectSink()
+    )
+    client = e.execute_async("failing")
+    with pytest.raises(JobFailedError) as info:
+        client.wait()
+    message = str(info.value)
+    assert "'exploder'" in message and "subtask 2/2" in message
+    assert "ZeroDivisionError: boom at 777" in message
+    assert "in explode" in message  # the original traceback
+    deadline = time.time() + 20
+    while _live_actors_of(client.job_id) and time.time() < deadline:
+        time.sleep(0.2)
+    assert _live_actors_of(client.job_id) == []
+
+
+def _live_actors_of(job_id: str) -> list[str]:
+    return [
+        a["name"]
+        for a in ray.util.list_named_actors(all_namespaces=True)
+        if a["name"].startswith(f"rayflow:{job_id}:")
+    ]
+
+
+class _SlowWriter(SinkWriter):
+    def __init__(self, delay: float) -> None:
+        self.delay = delay
+        self.rows = 0
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        time.sleep(self.delay)
+        self.rows += batch.num_rows
+
+    def finish(self):
+        return self.rows
+
+
+class SlowSink(Sink):
+    def __init__(self, delay: float) -> None:
+        super().__init__()
+        self.delay = delay
+
+    def create_writer(self, context: SinkContext) -> SinkWriter:
+        return _SlowWriter(self.delay)
+
+    def merge_results(self, results):
+        return sum(results)
+
+
+def test_slow_sink_keeps_batches_in_flight_bounded():
+    capacity, window, batch_rows, batches = 2, 2, 100, 300
+    e = env(1).disable_operator_chaining().set_buffer_limits(capacity, window)
+    sink = SlowSink(0.01)
+    e.from_source(NumberSequenceSource(0, batches * batch_rows - 1, batch_size=batch_rows)).map_batches(
+        lambda b: b, name="relay"
+    ).sink_to(sink, name="slow")
+    client = e.execute_async("backpressure")
+    # Per hop at most `window` pushes in flight plus `capacity` buffered, and one batch in
+    # the hands of each of the two downstream subtasks.
+    bound_rows = 2 * (capacity + window + 1) * batch_rows
+    gaps = []
+    named = []
+    while client.get_job_status() in ("CREATED", "RUNNING"):
+        named = named or _live_actors_of(client.job_id)
+        metrics = {m["vertex"]: m for m in client.metrics()}
+        if len(metrics) == 3:
+            source_out = metrics["Source"]["records_out"]
+            sink_in = metrics["slow"]["records_in"]
+            gaps.append(source_out - sink_in)
+            assert metrics["relay"]["max_buffered"] <= capacity
+            assert metrics["Source"]["max_in_flight"] <= window
+        time.sleep(0.05)
+    result = client.wait()
+    assert len(named) == 3, "every subtask actor is named after its job"
+    assert _live_actors_of(client.job_id) == []
+    assert result.sink_result("slow") == batches * batch_rows
+    assert len(gaps) > 10, "the job should run long enough to be observed"
+    assert max(gaps) <= bound_rows
+    assert max(gaps) >= batch_rows, "the slow sink should hold the source back"

@@ -1,0 +1,85 @@
+"""Logical -> physical plan: chaining rules, union dissolution, partitioner defaults."""
+
+import pyarrow as pa
+import pytest
+
+from rayflow import NumberSequenceSource, StreamExecutionEnvironment
+from rayflow.plan.partitioners import KeySelector, Partitioner, PartitionerSpec, PartitionKind
+from rayflow.plan.physical import PlanError
+from sinks.basic import CollectSink
+
+
+def env(p=2):
+    return StreamExecutionEnvironment.get_execution_environment().set_parallelism(p)
+
+
+def test_forward_edges_of_equal_parallelism_chain_into_one_vertex():
+    e = env()
+    e.from_source(NumberSequenceSource(0, 9)).map(lambda r: r).filter(bool).sink_to(CollectSink())
+    graph = e.get_job_graph()
+    assert len(graph.vertices) == 1
+    assert [op.name for op in graph.vertices[0].operators] == ["Map", "Filter", "CollectSink"]
+
+
+def test_key_by_and_parallelism_change_break_chains():
+    e = env()
+    s = e.from_source(NumberSequenceSource(0, 9)).map(lambda r: r)
+    s.key_by("value").sum("value").set_parallelism(3).map(lambda r: r).sink_to(CollectSink())
+    graph = e.get_job_graph()
+    assert len(graph.vertices) == 3
+    kinds = [graph.edges[i].partitioner.kind for i in sorted(graph.edges)]
+    assert kinds == [PartitionKind.HASH, PartitionKind.REBALANCE]
+
+
+def test_disable_chaining_gives_one_vertex_per_operator():
+    e = env().disable_operator_chaining()
+    e.from_source(NumberSequenceSource(0, 9)).map(lambda r: r).sink_to(CollectSink())
+    assert len(e.get_job_graph().vertices) == 3
+
+
+def test_union_is_dissolved_into_edges():
+    e = env()
+    a = e.from_source(NumberSequenceSource(0, 9), "a")
+    b = e.from_source(NumberSequenceSource(10, 19), "b").set_parallelism(1)
+    a.union(b).map(lambda r: r).sink_to(CollectSink())
+    graph = e.get_job_graph()
+    target = [v for v in graph.vertices.values() if v.name.startswith("Map")][0]
+    assert len(target.in_edges) == 2
+    # a (p=2) -> Map (p=2) is forward: 1 channel; b (p=1) -> rebalance: 1 channel
+    assert len(graph.input_channels(target.vertex_id, 0)) == 2
+
+
+def test_explicit_forward_between_different_parallelism_is_an_error():
+    e = env()
+    e.from_source(NumberSequenceSource(0, 9)).forward().map(lambda r: r).set_parallelism(3).sink_to(
+        CollectSink()
+    )
+    with pytest.raises(PlanError, match="forward edge"):
+        e.get_job_graph()
+
+
+def test_dangling_operator_is_an_error():
+    e = env()
+    e.from_source(NumberSequenceSource(0, 9)).map(lambda r: r, name="lonely")
+    with pytest.raises(PlanError, match="lonely"):
+        e.get_job_graph()
+
+
+def test_hash_partitioner_routes_each_key_to_its_key_group_owner():
+    batch = pa.RecordBatch.from_pydict({"k": list(range(100)) * 3, "v": list(range(300))})
+    p = Partitioner(PartitionerSpec(PartitionKind.HASH, KeySelector("k")), 0, 3, 128)
+    routed = p.route(batch)
+    assert sum(b.num_rows for _, b in routed) == 300
+    owner = {}
+    for target, part in routed:
+        for key in part.column("k").to_pylist():
+            assert owner.setdefault(key, target) == target
+    assert len({t for t, _ in routed}) == 3
+
+
+def test_rebalance_round_robins_and_broadcast_copies():
+    batch = pa.RecordBatch.from_pydict({"v": [1, 2]})
+    rebalance = Partitioner(PartitionerSpec(PartitionKind.REBALANCE), 1, 3, 128)
+    assert [rebalance.route(batch)[0][0] for _ in range(4)] == [1, 2, 0, 1]
+    broadcast = Partitioner(PartitionerSpec(PartitionKind.BROADCAST), 0, 3, 128)
+    assert [t for t, _ in broadcast.route(batch)] == [0, 1, 2]
