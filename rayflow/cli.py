@@ -49,7 +49,6 @@ def _add_run(subparsers: argparse._SubParsersAction) -> None:
         description="Run a Python job script as __main__ with sys.argv = [JOB, *ARGS]. "
         "rayflow's own --address may come before JOB or right after it; every other "
         "argument, and everything after '--', goes to the job.",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
         "--address",

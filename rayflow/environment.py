@@ -7,6 +7,7 @@ local Ray) and returns a :class:`JobResult`; ``execute_async`` returns a
 
 from __future__ import annotations
 
+import copy
 import os
 import time
 import uuid
@@ -15,10 +16,18 @@ from typing import Any
 
 import ray
 
+from rayflow.checkpoint.storage import CheckpointStorage, open_checkpoint_path
+from rayflow.config import (
+    CheckpointConfig,
+    CheckpointingMode,
+    RestartStrategy,
+    default_restart_strategy,
+)
 from rayflow.datastream import DataStream
 from rayflow.keygroups import DEFAULT_MAX_PARALLELISM
 from rayflow.plan.logical import LogicalPlan
 from rayflow.plan.physical import JobGraph, build_job_graph
+from rayflow.errors import JobFailedError
 from rayflow.runtime.job_master import JobMaster, JobSettings, _unwrap
 from rayflow.sink import Sink
 from rayflow.sources import CollectionSource, Source
@@ -46,6 +55,16 @@ class JobResult:
     finished_at: float
     metrics: list[dict[str, Any]] = field(default_factory=list)
     sink_results: dict[str, Any] = field(default_factory=dict)
+    checkpoints: list[dict[str, Any]] = field(default_factory=list)
+    restarts: int = 0
+    failures: list[str] = field(default_factory=list)
+    recovery_times_s: list[float] = field(default_factory=list)
+    restored_from: int | None = None
+    job_master_restarts: int = 0
+
+    @property
+    def completed_checkpoints(self) -> list[dict[str, Any]]:
+        return [c for c in self.checkpoints if c["status"] == "COMPLETED"]
 
     @property
     def duration_s(self) -> float:
@@ -68,17 +87,55 @@ class JobResult:
 
 
 class JobClient:
-    """A handle on a running job."""
+    """A handle on a running job.
+
+    The client also supervises the job master: if the job master dies (its
+    process or node is lost), ``wait`` kills what is left of the job and starts
+    a new job master from the latest checkpoint in durable storage, as long as
+    the restart strategy allows.
+    """
 
     def __init__(
-        self, job_name: str, job_id: str, master: Any, run_ref: Any, graph: JobGraph
+        self, job_name: str, job_id: str, graph: JobGraph, settings: JobSettings
     ) -> None:
         self.job_name = job_name
         self.job_id = job_id
-        self._master = master
-        self._run_ref = run_ref
         self._graph = graph
+        self._settings = settings
         self._result: JobResult | None = None
+        self._master_restarts = 0
+        self._master_strategy = copy.deepcopy(settings.restart_strategy) or default_restart_strategy(
+            settings.checkpointing
+        )
+        self._start_master()
+
+    def _start_master(self) -> None:
+        self._master = JobMaster.options(
+            name=f"rayflow:{self.job_id}:master:{self._settings.attempt_base}",
+            max_concurrency=1000,
+        ).remote(self._graph, self._settings)
+        self._run_ref = self._master.run.remote()
+
+    def _restart_master(self, cause: BaseException) -> bool:
+        settings = self._settings
+        if not settings.checkpointing:
+            return False
+        delay = self._master_strategy.next_delay_s(time.time())
+        if delay is None:
+            return False
+        for actor in ray.util.list_named_actors(all_namespaces=True):
+            if actor["name"].startswith(f"rayflow:{self.job_id}:"):
+                try:
+                    ray.kill(ray.get_actor(actor["name"], namespace=actor["namespace"]))
+                except Exception:  # noqa: BLE001 - already gone
+                    pass
+        time.sleep(delay)
+        settings.restore_metadata = settings.storage().latest()
+        settings.attempt_base += 1000
+        settings.fault_plan = None
+        self._master_restarts += 1
+        self._start_master()
+        return True
 
     def get_job_status(self) -> str:
         """CREATED, RUNNING, FINISHED, FAILED or CANCELED."""
@@ -100,15 +157,26 @@ class JobClient:
         """Block until the job ends; raises :class:`~rayflow.errors.JobFailedError` if it failed."""
         if self._result is not None:
             return self._result
-        try:
-            raw = ray.get(self._run_ref, timeout=timeout)
-        except ray.exceptions.GetTimeoutError:
-            raise
-        except Exception as exc:
-            self._release()
-            raise _unwrap(exc) from None
+        deadline = None if timeout is None else time.time() + timeout
+        while True:
+            remaining = None if deadline is None else max(0.0, deadline - time.time())
+            try:
+                raw = ray.get(self._run_ref, timeout=remaining)
+                break
+            except ray.exceptions.GetTimeoutError:
+                raise
+            except ray.exceptions.RayActorError as exc:
+                if not self._restart_master(exc):
+                    self._release()
+                    raise JobFailedError(
+                        f"job {self.job_name!r} failed: its job master died ({exc})"
+                    ) from None
+            except Exception as exc:
+                self._release()
+                raise _unwrap(exc) from None
         self._release()
         self._result = _build_result(self.job_name, self._graph, raw)
+        self._result.job_master_restarts = self._master_restarts
         return self._result
 
     get_job_execution_result = wait
@@ -138,6 +206,11 @@ def _build_result(job_name: str, graph: JobGraph, raw: dict[str, Any]) -> JobRes
         finished_at=raw["finished_at"],
         metrics=metrics,
         sink_results=sink_results,
+        checkpoints=raw["checkpoints"],
+        restarts=raw["restarts"],
+        failures=raw["failures"],
+        recovery_times_s=raw["recovery_times"],
+        restored_from=raw["restored_from"],
     )
 
 
@@ -160,6 +233,9 @@ class StreamExecutionEnvironment:
         self._channel_capacity = 8
         self._send_window = 8
         self._subtask_options: dict[str, Any] = {}
+        self._checkpoint_config = CheckpointConfig()
+        self._restart_strategy: RestartStrategy | None = None
+        self._fault_plan = None
 
     @staticmethod
     def get_execution_environment() -> StreamExecutionEnvironment:
@@ -184,6 +260,25 @@ class StreamExecutionEnvironment:
 
     def get_max_parallelism(self) -> int:
         return self._max_parallelism
+
+    def enable_checkpointing(
+        self, interval_ms: int, mode: CheckpointingMode = CheckpointingMode.EXACTLY_ONCE
+    ) -> StreamExecutionEnvironment:
+        """Take a checkpoint every ``interval_ms`` in ``mode``."""
+        self._checkpoint_config.set_checkpoint_interval(interval_ms)
+        self._checkpoint_config.set_checkpointing_mode(mode)
+        return self
+
+    def get_checkpoint_config(self) -> CheckpointConfig:
+        return self._checkpoint_config
+
+    def get_checkpoint_interval(self) -> int | None:
+        return self._checkpoint_config.interval_ms
+
+    def set_restart_strategy(self, strategy: RestartStrategy) -> StreamExecutionEnvironment:
+        """See :class:`~rayflow.config.RestartStrategies`."""
+        self._restart_strategy = strategy
+        return self
 
     def disable_operator_chaining(self) -> StreamExecutionEnvironment:
         self._chaining = False
@@ -231,20 +326,58 @@ class StreamExecutionEnvironment:
         """The physical plan: chained vertices, parallelism and partitioners."""
         return self.get_job_graph().explain()
 
-    def execute_async(self, job_name: str = "rayflow job") -> JobClient:
+    def execute_async(
+        self, job_name: str = "rayflow job", restore_from: str | None = None
+    ) -> JobClient:
+        """Start the job and return at once.
+
+        ``restore_from`` starts from a retained checkpoint of an earlier run: a
+        ``chk-<n>`` directory, a job's checkpoint directory (its latest checkpoint), or
+        ``"latest"`` (the latest checkpoint of ``job_name`` in the configured storage).
+        The parallelism may differ from the run that took it.
+        """
         graph = self.get_job_graph()
         if not graph.vertices:
             raise ValueError("execute: the job has no operators; add a source and a sink")
-        ensure_ray()
         settings = JobSettings(
             job_name=job_name,
             job_id=uuid.uuid4().hex[:12],
             channel_capacity=self._channel_capacity,
             send_window=self._send_window,
             subtask_options=dict(self._subtask_options),
+            checkpoint_config=self._checkpoint_config,
+            restart_strategy=self._restart_strategy,
+            fault_plan=self._fault_plan,
         )
-        master = JobMaster.options(max_concurrency=1000).remote(graph, settings)
-        return JobClient(job_name, settings.job_id, master, master.run.remote(), graph)
+        if restore_from is not None:
+            settings.restore_metadata = self._load_restore(job_name, restore_from)
+        ensure_ray()
+        return JobClient(job_name, settings.job_id, graph, settings)
 
-    def execute(self, job_name: str = "rayflow job") -> JobResult:
-        return self.execute_async(job_name).wait()
+    def _load_restore(self, job_name: str, restore_from: str) -> dict[str, Any]:
+        config = self._checkpoint_config
+        if restore_from == "latest":
+            storage = CheckpointStorage(
+                config.checkpoint_storage, job_name, config.storage_options
+            )
+            checkpoint = None
+        else:
+            storage, checkpoint = open_checkpoint_path(restore_from, config.storage_options)
+        ids = storage.completed_ids()
+        if checkpoint is None:
+            if not ids:
+                raise FileNotFoundError(
+                    f"restore_from={restore_from!r}: no completed checkpoint under "
+                    f"{storage.location()!r}"
+                )
+            checkpoint = ids[-1]
+        elif checkpoint not in ids:
+            raise FileNotFoundError(
+                f"restore_from={restore_from!r}: checkpoint {checkpoint} is not complete "
+                f"(completed: {ids})"
+            )
+        return storage.load_metadata(checkpoint)
+
+    def execute(self, job_name: str = "rayflow job", restore_from: str | None = None) -> JobResult:
+        """Run the job to the end and return its result (see ``execute_async``)."""
+        return self.execute_async(job_name, restore_from).wait()

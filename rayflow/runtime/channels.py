@@ -21,12 +21,18 @@ from typing import Any
 import ray
 
 
+CONTROL = -1
+
+
 class InputGate:
-    """Bounded, in-order buffers for the input channels of one subtask."""
+    """Bounded, in-order buffers for the input channels of one subtask, plus the
+    subtask's mailbox of control messages (channel ``CONTROL``, never blocked, served
+    before data)."""
 
     def __init__(self, num_channels: int, capacity: int) -> None:
         self.num_channels = num_channels
         self.capacity = capacity
+        self._control: deque[Any] = deque()
         self._buffers: list[deque[Any]] = [deque() for _ in range(num_channels)]
         self._next_seq = [0] * num_channels
         self._blocked = [False] * num_channels
@@ -49,7 +55,18 @@ class InputGate:
                 self.max_buffered = self._buffered
             self._cond.notify_all()
 
+    async def put_control(self, item: Any) -> None:
+        async with self._cond:
+            self._control.append(item)
+            self._cond.notify_all()
+
+    def poll_control(self) -> Any | None:
+        """The oldest control message, or None (never waits)."""
+        return self._control.popleft() if self._control else None
+
     def _pick(self) -> int | None:
+        if self._control:
+            return CONTROL
         n = self.num_channels
         for step in range(n):
             channel = (self._cursor + step) % n
@@ -65,6 +82,8 @@ class InputGate:
             while channel is None:
                 await self._cond.wait()
                 channel = self._pick()
+            if channel == CONTROL:
+                return CONTROL, self._control.popleft()
             item = self._buffers[channel].popleft()
             self._buffered -= 1
             self._cond.notify_all()
@@ -73,6 +92,10 @@ class InputGate:
     def block(self, channel: int) -> None:
         """Stop delivering ``channel`` (barrier alignment); pushes still buffer up to capacity."""
         self._blocked[channel] = True
+
+    def unblock_sync(self) -> None:
+        """Unblock every channel; waiters notice at the next gate operation."""
+        self._blocked = [False] * self.num_channels
 
     async def unblock_all(self) -> None:
         async with self._cond:

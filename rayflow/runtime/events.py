@@ -16,3 +16,4 @@ class CheckpointBarrier:
 
     checkpoint_id: int
     timestamp: float
+    final: bool = False

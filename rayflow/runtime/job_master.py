@@ -1,15 +1,25 @@
-"""The job master: deploys a job's subtasks, watches them, and reports the result.
+"""The job master: deploys a job's subtasks, runs its checkpoint coordinator,
+watches every subtask, and restarts the job from its latest checkpoint.
 
-One job master actor runs per job. It creates the subtask actors (receivers
-first, so each sender is built with handles to its receivers), starts every
-``run()``, and waits: the first failure of any ``run()`` (an exception in user
-code, an actor that died) fails the job, and every subtask is killed, so no
-actor outlives its job.
+One job master actor runs per job. An *attempt* deploys every subtask (receivers
+first, so each sender is built with its receivers' handles), restores state and
+source positions from the latest completed checkpoint, and starts every
+``run()``. The first failure of any ``run()`` (an exception in user code, an
+actor or process that died), a failed call, or too many failed checkpoints ends
+the attempt: the pending checkpoint is aborted, every subtask is killed, and the
+restart strategy decides whether attempt + 1 starts (after its delay) or the job
+fails with the cause. No actor outlives its job.
+
+Restore prefers the snapshot blobs the job master owns in the object store and
+falls back to the durable tier. If the job master itself dies, its driver-side
+``JobClient`` starts a new one from the latest checkpoint in durable storage.
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,9 +27,21 @@ from typing import Any
 import ray
 from ray.exceptions import RayActorError, RayTaskError
 
+from rayflow.checkpoint.coordinator import CheckpointCoordinator, CompletedCheckpoint
+from rayflow.checkpoint.storage import CheckpointStorage
+from rayflow.config import CheckpointConfig, RestartStrategy, default_restart_strategy
 from rayflow.errors import JobCancelledError, JobFailedError, OperatorError
+from rayflow.plan.partitioners import PartitionKind
 from rayflow.plan.physical import JobGraph
-from rayflow.runtime.subtask import OutputDeployment, SubtaskActor, SubtaskDeployment
+from rayflow.runtime.subtask import (
+    OutputDeployment,
+    StateHandle,
+    SubtaskActor,
+    SubtaskDeployment,
+)
+from rayflow.testing import FaultPlan
+
+log = logging.getLogger("rayflow.job")
 
 
 @dataclass
@@ -29,6 +51,19 @@ class JobSettings:
     channel_capacity: int = 8
     send_window: int = 8
     subtask_options: dict[str, Any] = field(default_factory=dict)
+    checkpoint_config: CheckpointConfig = field(default_factory=CheckpointConfig)
+    restart_strategy: RestartStrategy | None = None
+    fault_plan: FaultPlan | None = None
+    restore_metadata: dict[str, Any] | None = None
+    attempt_base: int = 0
+
+    @property
+    def checkpointing(self) -> bool:
+        return self.checkpoint_config.is_checkpointing_enabled()
+
+    def storage(self) -> CheckpointStorage:
+        c = self.checkpoint_config
+        return CheckpointStorage(c.checkpoint_storage, self.job_name, c.storage_options)
 
 
 def subtask_actor_name(job_id: str, vertex_id: int, index: int, attempt: int) -> str:
@@ -44,6 +79,10 @@ def _unwrap(exc: BaseException) -> BaseException:
     return exc
 
 
+class _AttemptFailed(Exception):
+    pass
+
+
 @ray.remote(max_restarts=0, max_task_retries=0)
 class JobMaster:
     def __init__(self, graph: JobGraph, settings: JobSettings) -> None:
@@ -51,19 +90,42 @@ class JobMaster:
         self.settings = settings
         self.state = "CREATED"
         self.failure: str | None = None
+        self.failures: list[str] = []
         self.actors: dict[tuple[int, int], Any] = {}
-        self.attempt = 0
+        self.attempt = settings.attempt_base
         self.started_at: float | None = None
         self.finished_at: float | None = None
+        self.checkpoint_stats: list[dict[str, Any]] = []
+        self.coordinator: CheckpointCoordinator | None = None
+        self.storage = settings.storage() if settings.checkpointing else None
+        self.restart_strategy = copy.deepcopy(
+            settings.restart_strategy or default_restart_strategy(settings.checkpointing)
+        )
+        self.latest: CompletedCheckpoint | None = None
+        if settings.restore_metadata is not None:
+            meta = settings.restore_metadata
+            self.latest = CompletedCheckpoint(meta["checkpoint_id"], meta)
+        self.restored_from = self.latest.checkpoint_id if self.latest else None
         self._cancelled = asyncio.Event()
+        self._attempt_failure: asyncio.Future | None = None
+        self._exhausted: set[tuple[int, int]] = set()
+        self._recovery_started: float | None = None
+        self.recovery_times: list[float] = []
+
+    # --- queries ------------------------------------------------------------------------
 
     async def status(self) -> dict[str, Any]:
         return {
             "state": self.state,
             "attempt": self.attempt,
+            "restarts": self.attempt - self.settings.attempt_base,
             "failure": self.failure,
+            "failures": list(self.failures),
             "started_at": self.started_at,
             "finished_at": self.finished_at,
+            "completed_checkpoints": [
+                s["checkpoint_id"] for s in self.checkpoint_stats if s["status"] == "COMPLETED"
+            ],
         }
 
     async def metrics(self) -> list[dict[str, Any]]:
@@ -76,44 +138,207 @@ class JobMaster:
                 continue
         return out
 
+    async def checkpoints(self) -> list[dict[str, Any]]:
+        return list(self.checkpoint_stats)
+
     async def cancel(self) -> None:
         self._cancelled.set()
+
+    # --- calls from subtasks ------------------------------------------------------------
+
+    async def acknowledge_checkpoint(
+        self, attempt: int, cid: int, key: tuple[int, int], info: dict[str, Any]
+    ) -> None:
+        if attempt == self.attempt and self.coordinator is not None:
+            await self.coordinator.acknowledge(cid, key, info)
+
+    async def decline_checkpoint(
+        self, attempt: int, cid: int, key: tuple[int, int], reason: str
+    ) -> None:
+        if attempt == self.attempt and self.coordinator is not None:
+            await self.coordinator.decline(cid, key, reason)
+
+    async def source_exhausted(self, attempt: int, key: tuple[int, int]) -> None:
+        if attempt != self.attempt:
+            return
+        self._exhausted.add(key)
+        sources = {k for k in self.actors if self.graph.vertices[k[0]].is_source}
+        if self._exhausted >= sources and self.coordinator is not None:
+            self.coordinator.request_final()
+
+    # --- the job ------------------------------------------------------------------------
 
     async def run(self) -> dict[str, Any]:
         self.started_at = time.time()
         self.state = "RUNNING"
         try:
-            outputs = await self._run_attempt(self.attempt)
+            outputs = await self._run_with_restarts()
         except BaseException as exc:
             self.state = "CANCELED" if isinstance(exc, JobCancelledError) else "FAILED"
             self.failure = str(exc)
             raise
         finally:
             self.finished_at = time.time()
-            self._kill_all()
+            await self._stop_attempt()
         self.state = "FINISHED"
         return {
             "outputs": outputs,
             "started_at": self.started_at,
             "finished_at": self.finished_at,
+            "checkpoints": self.checkpoint_stats,
+            "restarts": self.attempt - self.settings.attempt_base,
+            "failures": self.failures,
+            "recovery_times": self.recovery_times,
+            "restored_from": self.restored_from,
         }
 
-    # --- one attempt ------------------------------------------------------------------
+    async def _run_with_restarts(self) -> dict[int, list[Any]]:
+        while True:
+            try:
+                return await self._run_attempt()
+            except _AttemptFailed as failed:
+                cause = str(failed)
+                self.failures.append(cause)
+                log.warning("job %r attempt %d failed: %s", self.settings.job_name,
+                            self.attempt, cause)
+                failed_at = time.time()
+                await self._stop_attempt()
+                delay = self.restart_strategy.next_delay_s(failed_at)
+                if delay is None:
+                    restarts = self.attempt - self.settings.attempt_base
+                    raise JobFailedError(
+                        f"job {self.settings.job_name!r} failed after {restarts} restart(s) "
+                        f"(restart strategy: {self.restart_strategy.description}); "
+                        f"cause: {cause}"
+                    ) from None
+                self._recovery_started = failed_at
+                await asyncio.sleep(delay)
+                self.attempt += 1
 
-    def _deploy(self, attempt: int) -> None:
+    async def _run_attempt(self) -> dict[int, list[Any]]:
+        settings = self.settings
+        attempt = self.attempt
+        if self.coordinator is not None and self.coordinator.latest is not None:
+            self.latest = self.coordinator.latest
+        restore = self.latest if settings.checkpointing else None
+        self._exhausted = set()
+        self._deploy(attempt, restore)
+        loop = asyncio.get_running_loop()
+        self._attempt_failure = loop.create_future()
+        if settings.checkpointing:
+            plan = settings.fault_plan
+            self.coordinator = CheckpointCoordinator(
+                settings.job_name,
+                settings.checkpoint_config,
+                self.storage,
+                self.graph,
+                self.actors,
+                attempt,
+                (restore.checkpoint_id + 1) if restore else self._first_checkpoint_id(),
+                self._fail_attempt,
+                plan.for_job_master(attempt) if plan else [],
+                self.checkpoint_stats,
+                restore,
+            )
+            self.coordinator.start()
+        tasks = {
+            asyncio.ensure_future(self._await_run(key, actor.run.remote())): key
+            for key, actor in self.actors.items()
+        }
+        if self._recovery_started is not None:
+            asyncio.ensure_future(self._measure_recovery(self._recovery_started))
+            self._recovery_started = None
+        cancel_task = asyncio.ensure_future(self._cancelled.wait())
+        results: dict[tuple[int, int], Any] = {}
+        pending = set(tasks)
+        try:
+            while pending:
+                done, pending = await asyncio.wait(
+                    pending | {cancel_task, self._attempt_failure},
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+                if cancel_task in done:
+                    raise JobCancelledError(f"job {settings.job_name!r} was cancelled")
+                if self._attempt_failure in done:
+                    raise _AttemptFailed(str(self._attempt_failure.result()))
+                pending.discard(cancel_task)
+                pending.discard(self._attempt_failure)
+                for task in done:
+                    results[tasks[task]] = task.result()
+        finally:
+            cancel_task.cancel()
+            for task in pending:
+                task.cancel()
+        outputs: dict[int, list[Any]] = {}
+        for (vertex_id, _), value in sorted(results.items()):
+            outputs.setdefault(vertex_id, []).append(value)
+        return outputs
+
+    def _first_checkpoint_id(self) -> int:
+        ids = self.storage.completed_ids() if self.storage else []
+        return (ids[-1] + 1) if ids else 1
+
+    def _fail_attempt(self, exc: BaseException) -> None:
+        if self._attempt_failure is not None and not self._attempt_failure.done():
+            self._attempt_failure.set_result(f"{type(exc).__name__}: {exc}")
+
+    async def _measure_recovery(self, failed_at: float) -> None:
+        """Time from a failure until records flow again in every source subtask."""
+        sources = [a for k, a in self.actors.items() if self.graph.vertices[k[0]].is_source]
+        attempt = self.attempt
+        while self.attempt == attempt:
+            try:
+                metrics = await asyncio.gather(*[a.metrics.remote() for a in sources])
+            except Exception:  # noqa: BLE001
+                return
+            if all(m["records_out"] > 0 or m["records_in"] > 0 for m in metrics):
+                self.recovery_times.append(time.time() - failed_at)
+                return
+            await asyncio.sleep(0.02)
+
+    async def _await_run(self, key: tuple[int, int], ref: Any) -> Any:
+        vertex = self.graph.vertices[key[0]]
+        where = f"subtask {key[1] + 1}/{vertex.parallelism} of {vertex.name!r}"
+        try:
+            return await ref
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            cause = _unwrap(exc)
+            if isinstance(cause, OperatorError):
+                raise _AttemptFailed(str(cause)) from None
+            if isinstance(cause, RayActorError):
+                reason = str(cause).strip().splitlines()[0] if str(cause).strip() else "actor died"
+                raise _AttemptFailed(f"{where} died ({reason})") from None
+            raise _AttemptFailed(f"{where}: {type(cause).__name__}: {cause}") from None
+
+    async def _stop_attempt(self) -> None:
+        if self.coordinator is not None:
+            await self.coordinator.shutdown()
+        for actor in self.actors.values():
+            try:
+                ray.kill(actor, no_restart=True)
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+        self.actors = {}
+
+    # --- deployment ---------------------------------------------------------------------
+
+    def _deploy(self, attempt: int, restore: CompletedCheckpoint | None) -> None:
         graph, settings = self.graph, self.settings
+        me = ray.get_runtime_context().current_actor
+        plan = settings.fault_plan
+        actors: dict[tuple[int, int], Any] = {}
         for vertex_id in reversed(graph.topological_order()):
             vertex = graph.vertices[vertex_id]
-            splits_by_subtask: list[list[Any]] = [[] for _ in range(vertex.parallelism)]
-            if vertex.is_source:
-                for i, split in enumerate(vertex.source.create_splits(vertex.parallelism)):
-                    splits_by_subtask[i % vertex.parallelism].append(split)
+            splits = self._source_splits(vertex, restore) if vertex.is_source else None
+            handles = self._state_handles(vertex, restore)
             for index in range(vertex.parallelism):
                 outputs = []
                 for edge_id in vertex.out_edges:
                     edge = graph.edges[edge_id]
                     target = graph.vertices[edge.target_vertex]
-                    if edge.partitioner.kind.name == "FORWARD":
+                    if edge.partitioner.kind is PartitionKind.FORWARD:
                         receivers = [index]
                     else:
                         receivers = list(range(target.parallelism))
@@ -121,10 +346,8 @@ class JobMaster:
                         OutputDeployment(
                             partitioner=edge.partitioner,
                             receivers=[
-                                (
-                                    self.actors[(target.vertex_id, r)],
-                                    graph.channel_index(edge_id, index, r),
-                                )
+                                (actors[(target.vertex_id, r)],
+                                 graph.channel_index(edge_id, index, r))
                                 for r in receivers
                             ],
                         )
@@ -136,67 +359,52 @@ class JobMaster:
                     attempt=attempt,
                     num_input_channels=len(graph.input_channels(vertex_id, index)),
                     outputs=outputs,
-                    source_splits=splits_by_subtask[index],
+                    source_splits=splits[index] if splits else [],
                     channel_capacity=settings.channel_capacity,
                     send_window=settings.send_window,
+                    checkpointing=(
+                        settings.checkpoint_config.mode if settings.checkpointing else None
+                    ),
+                    storage=self.storage,
+                    master=me,
+                    restore=handles,
+                    restored_checkpoint=restore.checkpoint_id if restore else None,
+                    faults=plan.for_subtask(vertex.name, index, attempt) if plan else [],
                 )
-                self.actors[(vertex_id, index)] = SubtaskActor.options(
+                actors[(vertex_id, index)] = SubtaskActor.options(
                     name=subtask_actor_name(settings.job_id, vertex_id, index, attempt),
                     **settings.subtask_options,
                 ).remote(deployment)
+        self.actors = actors
 
-    async def _run_attempt(self, attempt: int) -> dict[int, list[Any]]:
-        self._deploy(attempt)
-        keys = list(self.actors)
-        tasks = {
-            asyncio.ensure_future(self._await_run(key, self.actors[key].run.remote())): key
-            for key in keys
-        }
-        cancel_task = asyncio.ensure_future(self._cancelled.wait())
-        results: dict[tuple[int, int], Any] = {}
-        pending = set(tasks)
-        try:
-            while pending:
-                done, pending = await asyncio.wait(
-                    pending | {cancel_task}, return_when=asyncio.FIRST_COMPLETED
+    def _source_splits(
+        self, vertex: Any, restore: CompletedCheckpoint | None
+    ) -> list[list[Any]]:
+        per_subtask: list[list[Any]] = [[] for _ in range(vertex.parallelism)]
+        saved = restore.metadata["source_splits"].get(vertex.source_uid) if restore else None
+        if saved is not None:
+            splits = sorted(saved, key=lambda s: s.split_id)
+        else:
+            splits = vertex.source.create_splits(vertex.parallelism)
+        for i, split in enumerate(splits):
+            per_subtask[i % vertex.parallelism].append(split)
+        return per_subtask
+
+    def _state_handles(
+        self, vertex: Any, restore: CompletedCheckpoint | None
+    ) -> list[StateHandle]:
+        if restore is None:
+            return []
+        uids = {op.uid for op in vertex.operators}
+        handles = []
+        for key, entry in sorted(restore.metadata["subtasks"].items()):
+            if uids & set(entry["uids"]):
+                handles.append(
+                    StateHandle(
+                        old_index=key[1],
+                        old_parallelism=entry["parallelism"],
+                        path=entry["path"],
+                        ref=restore.refs.get(key),
+                    )
                 )
-                if cancel_task in done:
-                    raise JobCancelledError(f"job {self.settings.job_name!r} was cancelled")
-                pending.discard(cancel_task)
-                for task in done:
-                    results[tasks[task]] = task.result()
-        finally:
-            cancel_task.cancel()
-            for task in pending:
-                task.cancel()
-        outputs: dict[int, list[Any]] = {}
-        for (vertex_id, index), value in sorted(results.items()):
-            outputs.setdefault(vertex_id, []).append(value)
-        return outputs
-
-    async def _await_run(self, key: tuple[int, int], ref: Any) -> Any:
-        vertex = self.graph.vertices[key[0]]
-        try:
-            return await ref
-        except Exception as exc:  # noqa: BLE001
-            cause = _unwrap(exc)
-            if isinstance(cause, OperatorError):
-                raise JobFailedError(
-                    f"job {self.settings.job_name!r} failed: {cause}"
-                ) from None
-            if isinstance(cause, RayActorError):
-                raise JobFailedError(
-                    f"job {self.settings.job_name!r} failed: subtask {key[1] + 1}/"
-                    f"{vertex.parallelism} of {vertex.name!r} died: {cause}"
-                ) from None
-            raise JobFailedError(
-                f"job {self.settings.job_name!r} failed in {vertex.name!r} subtask "
-                f"{key[1] + 1}/{vertex.parallelism}: {type(cause).__name__}: {cause}"
-            ) from None
-
-    def _kill_all(self) -> None:
-        for actor in self.actors.values():
-            try:
-                ray.kill(actor, no_restart=True)
-            except Exception:  # noqa: BLE001 - already gone
-                pass
+        return handles

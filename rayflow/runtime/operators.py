@@ -164,6 +164,9 @@ class MapBatchesOperator(_UserFunctionOperator):
 
 
 class _KeyedOperator(_UserFunctionOperator):
+    #: Restored from every earlier subtask's snapshot; the backend keeps its key groups.
+    keyed = True
+
     def __init__(self, key: KeySelector, function: Any = None) -> None:
         super().__init__(function)
         self.key = key

@@ -3,14 +3,27 @@
 A subtask is an async Ray actor. Its ``run()`` coroutine is the mailbox loop:
 the only code that touches operator state. ``push`` (data from upstream
 subtasks) only fills the :class:`~rayflow.runtime.channels.InputGate`; control
-calls only enqueue into the mailbox. Source subtasks read their splits;
-other subtasks take messages from the gate in channel order and run each batch
-through the chain, then route the chain's output to the downstream subtasks.
+calls (trigger, notify, abort) only enqueue into the gate's control mailbox.
+
+Source subtasks read their splits and, when triggered, snapshot their split
+positions and emit barrier n in order with their data. Other subtasks take
+messages from the gate in channel order; a barrier handler (aligned or
+tracking, see :mod:`rayflow.runtime.barriers`) says when to snapshot.
+
+Snapshot (the synchronous part) pickles every operator's state, then the barrier
+is forwarded; the asynchronous part writes the blob to the durable tier and
+acknowledges to the coordinator, which then fetches the blob by a call whose
+return value it owns (the object-store tier).
+
+End of input: sources whose splits are exhausted send ``EndOfInput`` but, when
+checkpointing is on, stay alive for the final checkpoint; every subtask finishes
+once the final checkpoint (taken after all input ended) is complete.
 """
 
 from __future__ import annotations
 
 import asyncio
+import pickle
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -19,12 +32,16 @@ from typing import Any
 import pyarrow as pa
 import ray
 
+from rayflow.checkpoint.storage import CheckpointStorage
+from rayflow.config import CheckpointingMode
 from rayflow.errors import OperatorError
 from rayflow.plan.partitioners import Partitioner, PartitionerSpec
 from rayflow.plan.physical import VertexSpec
-from rayflow.runtime.channels import InputGate, OutputChannel
-from rayflow.runtime.events import EndOfInput
+from rayflow.runtime.barriers import AlignedBarrierHandler, TrackingBarrierHandler
+from rayflow.runtime.channels import CONTROL, InputGate, OutputChannel
+from rayflow.runtime.events import CheckpointBarrier, EndOfInput
 from rayflow.runtime.operators import Operator, OperatorContext
+from rayflow.testing import Fault, FaultPoint, SubtaskFaults
 
 
 @dataclass
@@ -33,6 +50,16 @@ class OutputDeployment:
 
     partitioner: PartitionerSpec
     receivers: list[tuple[Any, int]]  # (actor handle, channel index at that receiver)
+
+
+@dataclass
+class StateHandle:
+    """Where one subtask's snapshot of a checkpoint lives: object store and durable path."""
+
+    old_index: int
+    old_parallelism: int
+    path: str
+    ref: Any = None  # ObjectRef owned by the job master, while it lives
 
 
 @dataclass
@@ -46,6 +73,29 @@ class SubtaskDeployment:
     source_splits: list[Any] = field(default_factory=list)
     channel_capacity: int = 8
     send_window: int = 8
+    checkpointing: CheckpointingMode | None = None
+    storage: CheckpointStorage | None = None
+    master: Any = None
+    restore: list[StateHandle] = field(default_factory=list)
+    restored_checkpoint: int | None = None
+    faults: list[Fault] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class _Trigger:
+    checkpoint_id: int
+    timestamp: float
+    final: bool
+
+
+@dataclass(frozen=True)
+class _Complete:
+    checkpoint_id: int
+
+
+@dataclass(frozen=True)
+class _Abort:
+    checkpoint_id: int
 
 
 class _RecordWriter:
@@ -75,6 +125,7 @@ class SubtaskActor:
         self.d = deployment
         vertex = deployment.vertex
         self.name = vertex.name
+        self.key = (vertex.vertex_id, deployment.index)
         self.index = deployment.index
         self.parallelism = vertex.parallelism
         self.attempt = deployment.attempt
@@ -85,12 +136,24 @@ class SubtaskActor:
             for o in deployment.outputs
         ]
         self.operators: list[Operator] = [spec.factory() for spec in vertex.operators]
-        self._current_operator = vertex.source_uid and vertex.name
+        self.barriers = (
+            TrackingBarrierHandler(self.gate)
+            if deployment.checkpointing is CheckpointingMode.AT_LEAST_ONCE
+            else AlignedBarrierHandler(self.gate)
+        )
+        self.faults = SubtaskFaults(deployment.faults) if deployment.faults else None
+        self._current_operator = vertex.name
+        self._final_checkpoint: int | None = None
+        self._finished = False
+        self._blobs: dict[int, bytes] = {}
+        self._async_parts: set[asyncio.Task] = set()
+        self._source_reader = None
         self.metrics_ = {
             "records_in": 0,
             "records_out": 0,
             "batches_in": 0,
             "batches_out": 0,
+            "checkpoints": 0,
             "started_at": None,
             "finished_at": None,
         }
@@ -102,10 +165,24 @@ class SubtaskActor:
             return
         await self.gate.push(channel, seq, message)
 
+    async def trigger_checkpoint(self, checkpoint_id: int, timestamp: float, final: bool) -> None:
+        await self.gate.put_control(_Trigger(checkpoint_id, timestamp, final))
+
+    async def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
+        await self.gate.put_control(_Complete(checkpoint_id))
+
+    async def notify_checkpoint_aborted(self, checkpoint_id: int) -> None:
+        await self.gate.put_control(_Abort(checkpoint_id))
+
+    async def snapshot_blob(self, checkpoint_id: int) -> bytes:
+        """The blob of a checkpoint; the caller (the job master) owns the returned object."""
+        return self._blobs.pop(checkpoint_id)
+
     async def metrics(self) -> dict[str, Any]:
         m = dict(self.metrics_)
         m["vertex"] = self.name
         m["subtask"] = self.index
+        m["attempt"] = self.attempt
         m["buffered"] = self.gate.buffered()
         m["max_buffered"] = self.gate.max_buffered
         m["max_in_flight"] = max(
@@ -122,11 +199,13 @@ class SubtaskActor:
         self.metrics_["started_at"] = time.time()
         try:
             self._open()
+            await self._restore()
             if self.d.vertex.is_source:
                 await self._run_source()
             else:
                 await self._run_inputs()
-            await self._end_of_input()
+            for writer in self.writers:
+                await writer.flush()
             self.metrics_["finished_at"] = time.time()
             return {
                 "results": [op.result() for op in self.operators],
@@ -168,22 +247,65 @@ class SubtaskActor:
                 )
             )
 
+    async def _restore(self) -> None:
+        if not self.d.restore:
+            return
+        snapshots = []
+        for handle in self.d.restore:
+            blob = None
+            if handle.ref is not None:
+                try:
+                    blob = await asyncio.wait_for(handle.ref, timeout=10)
+                except Exception:  # noqa: BLE001 - owner gone: fall back to the durable tier
+                    blob = None
+            if blob is None:
+                blob = await asyncio.to_thread(self.d.storage.read_blob, handle.path)
+            snapshots.append((handle, pickle.loads(blob)))
+        for spec, op in zip(self.d.vertex.operators, self.operators):
+            self._current_operator = spec.name
+            if getattr(op, "keyed", False):
+                states = [s[spec.uid] for _, s in snapshots if spec.uid in s]
+            else:
+                states = [
+                    s[spec.uid]
+                    for h, s in snapshots
+                    if spec.uid in s and h.old_index % self.parallelism == self.index
+                ]
+            op.restore_state(states)
+        for op in self.operators:
+            recover = getattr(op, "recover", None)
+            if recover is not None and self.d.restored_checkpoint is not None:
+                recover(self.d.restored_checkpoint)
+
     async def _run_source(self) -> None:
         source = self.d.vertex.source
-        self._current_operator = self.name.split(" -> ")[0]
-        reader = source.create_reader(list(self.d.source_splits))
+        source_name = self.name.split(" -> ")[0]
+        self._source_reader = reader = source.create_reader(list(self.d.source_splits))
         rate = source.records_per_second
         started = time.monotonic()
         emitted = 0
+        exhausted = False
+        checkpointing = self.d.checkpointing is not None
         try:
-            while True:
-                self._current_operator = self.name.split(" -> ")[0]
+            while not self._finished:
+                item = self.gate.poll_control()
+                if item is None and exhausted:
+                    _, item = await self.gate.next()
+                if item is not None:
+                    await self._on_control(item)
+                    continue
+                self._current_operator = source_name
                 batch = reader.read_batch()
                 if batch is None:
-                    break
+                    exhausted = True
+                    await self._end_of_input()
+                    if not checkpointing:
+                        self._finished = True
+                    else:
+                        self.d.master.source_exhausted.remote(self.attempt, self.key)
+                    continue
                 emitted += batch.num_rows
-                self.metrics_["records_in"] += batch.num_rows
-                self.metrics_["batches_in"] += 1
+                self._count_in(batch)
                 await self._process(batch)
                 if rate:
                     delay = started + emitted / rate - time.monotonic()
@@ -196,14 +318,52 @@ class SubtaskActor:
 
     async def _run_inputs(self) -> None:
         open_channels = self.gate.num_channels
-        while open_channels:
-            _, message = await self.gate.next()
+        checkpointing = self.d.checkpointing is not None
+        while not self._finished:
+            channel, message = await self.gate.next()
             if isinstance(message, pa.RecordBatch):
-                self.metrics_["records_in"] += message.num_rows
-                self.metrics_["batches_in"] += 1
+                self._count_in(message)
                 await self._process(message)
+            elif isinstance(message, CheckpointBarrier):
+                if self.faults and self.barriers.aligning is False and self.gate.num_channels > 1:
+                    self.faults.at(FaultPoint.DURING_ALIGNMENT)
+                barrier = self.barriers.on_barrier(channel, message)
+                if barrier is not None:
+                    await self._checkpoint(barrier)
+                    await self.barriers.resume()
             elif isinstance(message, EndOfInput):
                 open_channels -= 1
+                if open_channels == 0:
+                    await self._end_of_input()
+                    if not checkpointing:
+                        self._finished = True
+            elif channel == CONTROL:
+                await self._on_control(message)
+
+    def _count_in(self, batch: pa.RecordBatch) -> None:
+        m = self.metrics_
+        m["records_in"] += batch.num_rows
+        m["batches_in"] += 1
+        if self.faults is not None:
+            self.faults.after_records(m["records_in"])
+
+    async def _on_control(self, item: Any) -> None:
+        if isinstance(item, _Trigger):
+            await self._checkpoint(CheckpointBarrier(item.checkpoint_id, item.timestamp, item.final))
+        elif isinstance(item, _Complete):
+            for old in [c for c in self._blobs if c < item.checkpoint_id]:
+                del self._blobs[old]
+            for spec, op in zip(self.d.vertex.operators, self.operators):
+                self._current_operator = spec.name
+                op.notify_checkpoint_complete(item.checkpoint_id)
+            if self._final_checkpoint is not None and item.checkpoint_id >= self._final_checkpoint:
+                self._finished = True
+        elif isinstance(item, _Abort):
+            await self.barriers.abort(item.checkpoint_id)
+            for op in self.operators:
+                notify = getattr(op, "notify_checkpoint_aborted", None)
+                if notify is not None:
+                    notify(item.checkpoint_id)
 
     async def _process(self, batch: pa.RecordBatch, start: int = 0) -> None:
         batches = [batch]
@@ -235,5 +395,52 @@ class SubtaskActor:
                 await self._process(batch, position + 1)
         for writer in self.writers:
             await writer.broadcast(EndOfInput())
+
+    # --- checkpoints --------------------------------------------------------------------
+
+    async def _checkpoint(self, barrier: CheckpointBarrier) -> None:
+        cid = barrier.checkpoint_id
+        started = time.time()
+        timing = self.barriers.last_timing if not self.d.vertex.is_source else None
+        snapshot: dict[str, Any] = {}
+        for spec, op in zip(self.d.vertex.operators, self.operators):
+            self._current_operator = spec.name
+            snapshot[spec.uid] = op.snapshot_state()
+        splits = self._source_reader.snapshot_splits() if self._source_reader else None
+        blob = pickle.dumps(snapshot, protocol=pickle.HIGHEST_PROTOCOL)
+        sync_s = time.time() - started
+        if barrier.final:
+            self._final_checkpoint = cid
+        if self.faults is not None:
+            self.faults.at(FaultPoint.AFTER_SNAPSHOT)
         for writer in self.writers:
-            await writer.flush()
+            await writer.broadcast(barrier)
+        self.metrics_["checkpoints"] += 1
+        info = {
+            "start_delay_s": timing.start_delay_s if timing and timing.checkpoint_id == cid else
+            max(0.0, started - barrier.timestamp),
+            "alignment_s": timing.alignment_s if timing and timing.checkpoint_id == cid else 0.0,
+            "sync_s": sync_s,
+            "size": len(blob),
+            "uids": list(snapshot),
+            "source_splits": splits,
+        }
+        task = asyncio.ensure_future(self._async_part(cid, blob, info))
+        self._async_parts.add(task)
+        task.add_done_callback(self._async_parts.discard)
+
+    async def _async_part(self, cid: int, blob: bytes, info: dict[str, Any]) -> None:
+        started = time.time()
+        vertex_id, index = self.key
+        try:
+            info["path"] = await asyncio.to_thread(
+                self.d.storage.write_blob, cid, f"v{vertex_id}-s{index}.state", blob
+            )
+        except Exception as exc:  # noqa: BLE001 - the coordinator declines the checkpoint
+            self.d.master.decline_checkpoint.remote(
+                self.attempt, cid, self.key, f"{type(exc).__name__}: {exc}"
+            )
+            return
+        info["async_s"] = time.time() - started
+        self._blobs[cid] = blob
+        self.d.master.acknowledge_checkpoint.remote(self.attempt, cid, self.key, info)

@@ -1,0 +1,241 @@
+"""Job configuration: checkpointing (CheckpointConfig, CheckpointingMode) and
+restart strategies, shaped like PyFlink's."""
+
+from __future__ import annotations
+
+import enum
+import math
+import os
+import tempfile
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "CheckpointingMode",
+    "CheckpointConfig",
+    "RestartStrategies",
+    "RestartStrategy",
+]
+
+
+class CheckpointingMode(enum.Enum):
+    """EXACTLY_ONCE aligns barriers (a channel that delivered barrier n waits for the
+    others); AT_LEAST_ONCE does not block, so records after a barrier may be in the state
+    of checkpoint n and be replayed after a restore."""
+
+    EXACTLY_ONCE = "exactly-once"
+    AT_LEAST_ONCE = "at-least-once"
+
+
+def _default_storage() -> str:
+    return os.path.join(tempfile.gettempdir(), "rayflow", "checkpoints")
+
+
+@dataclass
+class CheckpointConfig:
+    """How and where checkpoints are taken.
+
+    ``checkpoint_storage`` is a local directory or any ``pyarrow.fs`` URI
+    (``s3://bucket/prefix``); ``storage_options`` go to the filesystem
+    (for S3: ``endpoint_override``, ``access_key``, ``secret_key``, ``region``, ``scheme``).
+    Each job writes under ``<storage>/<job name>/chk-<n>/``.
+    """
+
+    interval_ms: int | None = None
+    mode: CheckpointingMode = CheckpointingMode.EXACTLY_ONCE
+    timeout_ms: int = 60_000
+    min_pause_between_checkpoints_ms: int = 0
+    max_concurrent_checkpoints: int = 1
+    tolerable_failed_checkpoints: int = 0
+    checkpoint_storage: str = field(default_factory=_default_storage)
+    storage_options: dict[str, Any] = field(default_factory=dict)
+    num_retained_checkpoints: int = 1
+
+    def is_checkpointing_enabled(self) -> bool:
+        return self.interval_ms is not None
+
+    # PyFlink-style accessors ----------------------------------------------------------
+
+    def set_checkpoint_interval(self, interval_ms: int) -> CheckpointConfig:
+        if interval_ms < 10:
+            raise ValueError(f"checkpoint interval must be >= 10 ms, got {interval_ms}")
+        self.interval_ms = interval_ms
+        return self
+
+    def get_checkpoint_interval(self) -> int | None:
+        return self.interval_ms
+
+    def set_checkpointing_mode(self, mode: CheckpointingMode) -> CheckpointConfig:
+        self.mode = mode
+        return self
+
+    def get_checkpointing_mode(self) -> CheckpointingMode:
+        return self.mode
+
+    def set_checkpoint_timeout(self, timeout_ms: int) -> CheckpointConfig:
+        if timeout_ms <= 0:
+            raise ValueError(f"checkpoint timeout must be positive, got {timeout_ms}")
+        self.timeout_ms = timeout_ms
+        return self
+
+    def set_min_pause_between_checkpoints(self, pause_ms: int) -> CheckpointConfig:
+        if pause_ms < 0:
+            raise ValueError(f"min pause must be >= 0, got {pause_ms}")
+        self.min_pause_between_checkpoints_ms = pause_ms
+        return self
+
+    def set_max_concurrent_checkpoints(self, count: int) -> CheckpointConfig:
+        if count != 1:
+            raise ValueError(
+                "max concurrent checkpoints: only 1 is supported (a checkpoint is triggered "
+                "after the previous one completes or aborts)"
+            )
+        self.max_concurrent_checkpoints = count
+        return self
+
+    def set_tolerable_checkpoint_failure_number(self, count: int) -> CheckpointConfig:
+        if count < 0:
+            raise ValueError(f"tolerable checkpoint failures must be >= 0, got {count}")
+        self.tolerable_failed_checkpoints = count
+        return self
+
+    def set_checkpoint_storage(self, uri: str, **storage_options: Any) -> CheckpointConfig:
+        self.checkpoint_storage = uri
+        self.storage_options = dict(storage_options)
+        return self
+
+    def set_checkpoint_storage_dir(self, uri: str, **storage_options: Any) -> CheckpointConfig:
+        return self.set_checkpoint_storage(uri, **storage_options)
+
+    def set_num_retained_checkpoints(self, count: int) -> CheckpointConfig:
+        if count < 1:
+            raise ValueError(f"retained checkpoints must be >= 1, got {count}")
+        self.num_retained_checkpoints = count
+        return self
+
+
+class RestartStrategy:
+    """Decides whether and after what delay a failed job restarts."""
+
+    description = "no restart"
+
+    def next_delay_s(self, failure_time: float) -> float | None:
+        """Seconds to wait before the next attempt, or None to give up."""
+        return None
+
+
+class _NoRestart(RestartStrategy):
+    pass
+
+
+@dataclass
+class _FixedDelay(RestartStrategy):
+    attempts: float
+    delay_s: float
+    _used: int = 0
+
+    @property
+    def description(self) -> str:  # type: ignore[override]
+        return f"fixed delay ({self.attempts} attempts, {self.delay_s:g} s apart)"
+
+    def next_delay_s(self, failure_time: float) -> float | None:
+        if self._used >= self.attempts:
+            return None
+        self._used += 1
+        return self.delay_s
+
+
+@dataclass
+class _ExponentialDelay(RestartStrategy):
+    initial_s: float
+    max_s: float
+    multiplier: float
+    attempts: float
+    reset_after_s: float
+    _used: int = 0
+    _current: float = 0.0
+    _last_failure: float = 0.0
+
+    @property
+    def description(self) -> str:  # type: ignore[override]
+        return (
+            f"exponential delay ({self.initial_s:g} s x{self.multiplier:g} up to "
+            f"{self.max_s:g} s, {self.attempts} attempts)"
+        )
+
+    def next_delay_s(self, failure_time: float) -> float | None:
+        if self._last_failure and failure_time - self._last_failure > self.reset_after_s:
+            self._current = 0.0
+        self._last_failure = failure_time
+        if self._used >= self.attempts:
+            return None
+        self._used += 1
+        self._current = (
+            self.initial_s if not self._current else min(self.max_s, self._current * self.multiplier)
+        )
+        return self._current
+
+
+@dataclass
+class _FailureRate(RestartStrategy):
+    max_failures: int
+    interval_s: float
+    delay_s: float
+    _failures: deque = field(default_factory=deque)
+
+    @property
+    def description(self) -> str:  # type: ignore[override]
+        return f"failure rate (at most {self.max_failures} in {self.interval_s:g} s)"
+
+    def next_delay_s(self, failure_time: float) -> float | None:
+        self._failures.append(failure_time)
+        while self._failures and failure_time - self._failures[0] > self.interval_s:
+            self._failures.popleft()
+        if len(self._failures) > self.max_failures:
+            return None
+        return self.delay_s
+
+
+class RestartStrategies:
+    """Factories for restart strategies (PyFlink's names; delays in milliseconds)."""
+
+    @staticmethod
+    def no_restart() -> RestartStrategy:
+        return _NoRestart()
+
+    @staticmethod
+    def fixed_delay_restart(restart_attempts: int, delay_between_attempts_ms: int) -> RestartStrategy:
+        return _FixedDelay(restart_attempts, delay_between_attempts_ms / 1000.0)
+
+    @staticmethod
+    def exponential_delay_restart(
+        initial_backoff_ms: int = 1000,
+        max_backoff_ms: int = 60_000,
+        backoff_multiplier: float = 2.0,
+        max_attempts: int | None = None,
+        reset_backoff_threshold_ms: int = 3_600_000,
+    ) -> RestartStrategy:
+        return _ExponentialDelay(
+            initial_backoff_ms / 1000.0,
+            max_backoff_ms / 1000.0,
+            backoff_multiplier,
+            math.inf if max_attempts is None else max_attempts,
+            reset_backoff_threshold_ms / 1000.0,
+        )
+
+    @staticmethod
+    def failure_rate_restart(
+        failure_rate: int, failure_interval_ms: int, delay_interval_ms: int
+    ) -> RestartStrategy:
+        return _FailureRate(failure_rate, failure_interval_ms / 1000.0, delay_interval_ms / 1000.0)
+
+
+def default_restart_strategy(checkpointing: bool) -> RestartStrategy:
+    """Flink's defaults: restart (practically) forever with checkpoints, never without."""
+    if checkpointing:
+        return _FixedDelay(math.inf, 1.0)
+    return _NoRestart()
+
+
