@@ -15,7 +15,8 @@ from rayflow.functions import KeyedProcessFunction
 from rayflow.plan.logical import InputEdge, Transformation
 from rayflow.plan.partitioners import KeySelector, PartitionerSpec, PartitionKind
 from rayflow.runtime import operators as ops
-from rayflow.sink import Sink
+from rayflow.runtime.sink_operator import TwoPhaseCommitSinkOperator
+from rayflow.sink import Sink, TwoPhaseCommittingSink
 
 if TYPE_CHECKING:
     from rayflow.environment import StreamExecutionEnvironment
@@ -125,7 +126,11 @@ class DataStream:
         if not isinstance(sink, Sink):
             raise TypeError(f"sink_to: expected a rayflow Sink, got {type(sink).__name__}")
         name = name or type(sink).__name__
-        transformation = self._add(name, ops.factory(ops.SinkOperator, sink), "sink", sink)
+        operator = (
+            TwoPhaseCommitSinkOperator if isinstance(sink, TwoPhaseCommittingSink)
+            else ops.SinkOperator
+        )
+        transformation = self._add(name, ops.factory(operator, sink), "sink", sink)
         return DataStreamSink(self._env, transformation)
 
     def print(self, name: str = "Print") -> DataStreamSink:

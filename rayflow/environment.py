@@ -214,6 +214,15 @@ def _build_result(job_name: str, graph: JobGraph, raw: dict[str, Any]) -> JobRes
     )
 
 
+def _sinks_of(graph: JobGraph) -> list[Sink]:
+    return [
+        sink
+        for vertex in graph.vertices.values()
+        for spec in vertex.operators
+        if (sink := _sink_of(spec)) is not None
+    ]
+
+
 def _sink_of(spec: Any) -> Sink | None:
     factory = spec.factory
     for arg in getattr(factory, "args", ()):
@@ -352,6 +361,8 @@ class StreamExecutionEnvironment:
         if restore_from is not None:
             settings.restore_metadata = self._load_restore(job_name, restore_from)
         ensure_ray()
+        for sink in _sinks_of(graph):
+            sink.setup(job_name)
         return JobClient(job_name, settings.job_id, graph, settings)
 
     def _load_restore(self, job_name: str, restore_from: str) -> dict[str, Any]:

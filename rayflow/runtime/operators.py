@@ -5,7 +5,7 @@ Contract, for every operator (called only from the subtask's mailbox loop):
 * ``open(context)`` once before anything else;
 * ``process(batch)`` returns the output batches for one input batch;
 * ``end_input()`` returns the last output batches once every input has ended;
-* ``snapshot_state()`` returns a picklable snapshot (None when stateless) and
+* ``snapshot_state(checkpoint_id)`` returns a picklable snapshot (None when stateless) and
   ``restore_state(snapshots)`` loads the snapshots of one or more earlier
   subtasks (several when rescaling);
 * ``notify_checkpoint_complete(checkpoint_id)`` / ``result()`` / ``close()``.
@@ -46,6 +46,8 @@ class OperatorContext:
     parallelism: int
     max_parallelism: int
     attempt: int
+    faults: Any = None
+    checkpointing: bool = False
 
 
 class Operator:
@@ -60,7 +62,7 @@ class Operator:
     def end_input(self) -> list[pa.RecordBatch]:
         return []
 
-    def snapshot_state(self) -> Any:
+    def snapshot_state(self, checkpoint_id: int) -> Any:
         return None
 
     def restore_state(self, snapshots: list[Any]) -> None:
@@ -179,7 +181,7 @@ class _KeyedOperator(_UserFunctionOperator):
         )
         _call_open(self.function, self._runtime_context(self.backend))
 
-    def snapshot_state(self) -> Any:
+    def snapshot_state(self, checkpoint_id: int) -> Any:
         return self.backend.snapshot()
 
     def restore_state(self, snapshots: list[Any]) -> None:

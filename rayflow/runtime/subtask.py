@@ -213,6 +213,12 @@ class SubtaskActor:
             }
         except OperatorError:
             raise
+        except ray.exceptions.RayActorError as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else "actor died"
+            raise ConnectionError(
+                f"subtask {self.index + 1}/{self.parallelism} of {self.name!r} lost a "
+                f"downstream subtask ({first})"
+            ) from None
         except Exception as exc:
             raise self._operator_error(exc) from None
         finally:
@@ -244,12 +250,22 @@ class SubtaskActor:
                     parallelism=self.parallelism,
                     max_parallelism=vertex.max_parallelism,
                     attempt=self.attempt,
+                    faults=self.faults,
+                    checkpointing=self.d.checkpointing is not None,
                 )
             )
 
     async def _restore(self) -> None:
-        if not self.d.restore:
-            return
+        if self.d.restore:
+            await self._load_state()
+        if self.d.checkpointing is not None:
+            for spec, op in zip(self.d.vertex.operators, self.operators):
+                recover = getattr(op, "recover", None)
+                if recover is not None:
+                    self._current_operator = spec.name
+                    await asyncio.to_thread(recover, self.d.restored_checkpoint)
+
+    async def _load_state(self) -> None:
         snapshots = []
         for handle in self.d.restore:
             blob = None
@@ -272,10 +288,6 @@ class SubtaskActor:
                     if spec.uid in s and h.old_index % self.parallelism == self.index
                 ]
             op.restore_state(states)
-        for op in self.operators:
-            recover = getattr(op, "recover", None)
-            if recover is not None and self.d.restored_checkpoint is not None:
-                recover(self.d.restored_checkpoint)
 
     async def _run_source(self) -> None:
         source = self.d.vertex.source
@@ -405,7 +417,7 @@ class SubtaskActor:
         snapshot: dict[str, Any] = {}
         for spec, op in zip(self.d.vertex.operators, self.operators):
             self._current_operator = spec.name
-            snapshot[spec.uid] = op.snapshot_state()
+            snapshot[spec.uid] = op.snapshot_state(cid)
         splits = self._source_reader.snapshot_splits() if self._source_reader else None
         blob = pickle.dumps(snapshot, protocol=pickle.HIGHEST_PROTOCOL)
         sync_s = time.time() - started

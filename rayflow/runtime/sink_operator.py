@@ -1,0 +1,180 @@
+"""The operator that drives a :class:`~rayflow.sink.TwoPhaseCommittingSink` through
+the checkpoint protocol (the contract is in :mod:`rayflow.sink`).
+
+EXACTLY_ONCE: at barrier n the open transaction (and any rolled before it) is
+pre-committed and its committables become part of checkpoint n's state; they are
+committed when the subtask learns that a checkpoint >= n completed. After a
+restore every committable of the restored state is committed (idempotently) and
+the subtask's lingering transactions are aborted.
+
+AT_LEAST_ONCE: transactions are committed at the barrier, before the checkpoint
+completes, so output written after the checkpoint is written again on replay.
+NONE: committed whenever a transaction rolls and at the end of input.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import replace
+from typing import Any
+
+import pyarrow as pa
+
+from rayflow.guarantees import DeliveryGuarantee
+from rayflow.runtime.operators import Operator, OperatorContext
+from rayflow.sink import SinkContext, TwoPhaseCommittingSink
+from rayflow.testing import FaultPoint
+
+log = logging.getLogger("rayflow.sink")
+
+COMMIT_RETRIES = 5
+COMMIT_BACKOFF_S = 0.1
+
+
+class TwoPhaseCommitSinkOperator(Operator):
+    def __init__(self, sink: TwoPhaseCommittingSink) -> None:
+        self.sink = sink
+        self.transaction: Any = None
+        self.opened_at = 0.0
+        self.next_sequence = 0
+        self.rolled: list[Any] = []  # pre-committed, not yet part of a checkpoint
+        self.pending: dict[int, list[Any]] = {}  # checkpoint id -> committables
+        self.restored: list[Any] = []
+        self.restored_old_indices: set[int] = set()
+        self.committed = 0
+
+    def open(self, context: OperatorContext) -> None:
+        super().open(context)
+        self.mode = self.sink.delivery_guarantee
+        self.faults = context.faults
+        self.sink_context = SinkContext(
+            job_name=context.job_name,
+            operator_uid=context.operator_uid,
+            subtask_index=context.subtask_index,
+            parallelism=context.parallelism,
+            attempt=context.attempt,
+        )
+        policy = self.sink.rolling_policy
+        self.max_size = policy.max_part_size
+        self.max_open_s = policy.rollover_interval_s
+
+    # --- writing ------------------------------------------------------------------------
+
+    def process(self, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
+        if self.transaction is None:
+            self.transaction = self.sink.begin_transaction(self.sink_context, self.next_sequence)
+            self.next_sequence += 1
+            self.opened_at = time.monotonic()
+        self.sink.write(self.transaction, batch)
+        if (self.max_size is not None and self.sink.transaction_size(self.transaction)
+                >= self.max_size) or (
+            self.max_open_s is not None and time.monotonic() - self.opened_at >= self.max_open_s
+        ):
+            self._roll()
+        return []
+
+    def _roll(self) -> None:
+        """Pre-commit the open transaction (if it holds anything)."""
+        transaction, self.transaction = self.transaction, None
+        if transaction is None:
+            return
+        if self.sink.is_empty(transaction):
+            self.sink.abort_transaction(transaction)
+            return
+        committable = self.sink.pre_commit(transaction)
+        if self.mode is DeliveryGuarantee.NONE:
+            self._commit(committable)
+        else:
+            self.rolled.append(committable)
+
+    # --- checkpoints --------------------------------------------------------------------
+
+    def snapshot_state(self, checkpoint_id: int) -> Any:
+        if self.faults is not None:
+            self.faults.at(FaultPoint.SINK_BEFORE_PRE_COMMIT)
+        if self.mode is not DeliveryGuarantee.NONE:
+            self._roll()
+        if self.faults is not None:
+            self.faults.at(FaultPoint.SINK_AFTER_PRE_COMMIT)
+        if self.mode is DeliveryGuarantee.EXACTLY_ONCE:
+            if self.rolled:
+                self.pending[checkpoint_id] = self.rolled
+            self.rolled = []
+        elif self.mode is DeliveryGuarantee.AT_LEAST_ONCE:
+            for committable in self.rolled:
+                self._commit(committable)
+            self.rolled = []
+        return {
+            "pending": {cid: list(cs) for cid, cs in self.pending.items()},
+            "next_sequence": self.next_sequence,
+            "subtask": self.context.subtask_index,
+        }
+
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
+        for cid in sorted(c for c in self.pending if c <= checkpoint_id):
+            for committable in self.pending[cid]:
+                self._commit(committable)
+            del self.pending[cid]
+
+    def restore_state(self, snapshots: list[Any]) -> None:
+        for state in snapshots:
+            if not state:
+                continue
+            for cid in sorted(state["pending"]):
+                self.restored.extend(state["pending"][cid])
+            self.next_sequence = max(self.next_sequence, state["next_sequence"])
+            self.restored_old_indices.add(state["subtask"])
+
+    def recover(self, checkpoint_id: int) -> None:
+        """After a restore from ``checkpoint_id``: commit its committables, abort the rest."""
+        for committable in self.restored:
+            self._commit(committable)
+        keep = list(self.restored)
+        self.restored = []
+        aborted = 0
+        indices = self.restored_old_indices | {self.context.subtask_index}
+        for index in sorted(indices):
+            context = replace(self.sink_context, subtask_index=index)
+            aborted += self.sink.abort_lingering(context, keep)
+            if self.faults is not None and aborted:
+                self.faults.at(FaultPoint.SINK_DURING_ABORT)
+        if aborted:
+            log.info("%s: aborted %d lingering transaction(s) after restoring checkpoint %d",
+                     self.context.operator_name, aborted, checkpoint_id)
+
+    def _commit(self, committable: Any) -> None:
+        delay = COMMIT_BACKOFF_S
+        for attempt in range(COMMIT_RETRIES + 1):
+            try:
+                self.sink.commit(committable)
+                break
+            except Exception as exc:  # noqa: BLE001 - retried, then fails the job attempt
+                if attempt == COMMIT_RETRIES:
+                    raise RuntimeError(
+                        f"commit of {self.sink.committable_id(committable)} failed after "
+                        f"{COMMIT_RETRIES} retries: {type(exc).__name__}: {exc}"
+                    ) from exc
+                log.warning("commit of %s failed (%s); retrying in %.1f s",
+                            self.sink.committable_id(committable), exc, delay)
+                time.sleep(delay)
+                delay *= 2
+        self.committed += 1
+        if self.faults is not None:
+            self.faults.at(FaultPoint.SINK_DURING_COMMIT)
+
+    # --- end ----------------------------------------------------------------------------
+
+    def end_input(self) -> list[pa.RecordBatch]:
+        if self.mode is not DeliveryGuarantee.EXACTLY_ONCE:
+            self._roll()
+            for committable in self.rolled:
+                self._commit(committable)
+            self.rolled = []
+        return []
+
+    def result(self) -> Any:
+        return self.committed
+
+    def close(self) -> None:
+        self.sink.close()
