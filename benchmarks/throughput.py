@@ -1,44 +1,43 @@
 """Throughput of rayflow's data plane, next to a bare Ray actor chain moving the same data.
 
-What it measures (rows per second, one int64 column ``value`` in pyarrow
-RecordBatches of 1k and 10k rows):
+What it measures, in rows per second, for pyarrow RecordBatches of one int64
+column ``value`` at 10k and 1k rows per batch:
 
 * **bare reference** -- three plain async Ray actors, source -> relay -> sink,
-  no engine: the source builds the batches the way ``NumberSequenceSource``
-  does, and each hop keeps up to 16 ``.remote()`` calls in flight (a deque of
+  no engine. The source builds its batches exactly as ``NumberSequenceSource``
+  does and each hop keeps up to 16 ``.remote()`` calls in flight (a deque of
   ObjectRefs; the oldest is awaited when 16 are outstanding). This is what Ray
-  alone costs per hop, the floor any engine on Ray pays.
-* **engine, pass-through chained** -- source -> map_batches(identity) -> sink,
-  all chained into one actor per subtask (no Ray call per batch).
-* **engine, pass-through 3 actors** -- the same job with
-  ``disable_operator_chaining()``, so each hop is a Ray call: the
-  apples-to-apples comparison with the bare chain (ratio column).
-* **engine, keyed sum** -- source -> map_batches(key = value % 1000) ->
+  alone costs per hop: the floor any engine on Ray pays.
+* **passthrough-chained** -- source -> map_batches(identity) -> sink, chained
+  into one actor per subtask (no Ray call per batch).
+* **passthrough-3actor** -- the same job with ``disable_operator_chaining()``,
+  so every hop is a Ray call: the like-for-like comparison with the bare chain.
+* **keyed-sum** -- source -> map_batches(key = value % 1000) ->
   key_by("key").sum("value") -> sink (a hash-partitioned exchange).
 
-Each engine pipeline runs at parallelism 1 and 2. The sink discards its input:
-it only counts rows and notes when its first and last batch arrived.
-Reported per run:
+Every engine pipeline runs at parallelism 1 and 2. The sink discards its input;
+it only notes the time of every batch it is given. Reported per pipeline:
 
-* ``rows/s`` = rows / ``JobResult.duration_s``. That is the job master's
-  ``run()``, so it includes creating the subtask actors (a new worker process
-  each, about a second apiece on a 2-core machine): what a user of
-  ``execute`` sees for a job of this size. For the bare chain: driver time of
-  the source's ``run`` call, actors already up.
-* ``steady rows/s`` = rows after the first batch / (last batch at a sink -
-  first batch at a sink), measured the same way for the bare chain and the
-  engine: the data-plane rate without deployment. With parallelism 2 the window
-  runs from the earliest first batch of any sink subtask to the latest last
-  one, so start-up skew between the subtasks counts against the engine.
-* ``wall s`` = driver wall time of ``env.execute`` (plan, deploy, run, teardown).
+* ``rows/s (duration_s)`` = rows / ``JobResult.duration_s``. That is the job
+  master's ``run()``, which includes creating the subtask actors (a fresh worker
+  process each), so for jobs of a few seconds it is dominated by deployment.
+  For the bare chain: the driver's time for the source's ``run`` call, with the
+  actors already up.
+* ``steady rows/s`` = the data-plane rate without deployment, start-up or
+  drain, taken the same way for the bare chain and the engine: the middle 80%
+  of all batches arriving at the sink(s) (10th to 90th percentile of arrival
+  times, over all sink subtasks together), as rows per second of input.
+* ``wall s`` = driver wall time of ``env.execute`` (plan, deploy, run, teardown);
+  for the bare chain, the timed call only.
 
-The ratio columns compare the 3-actor engine chain with the bare 3-actor chain
-at the same batch size; the steady ratio is the like-for-like one.
+The bare chain and ``passthrough-3actor`` run ``--repeat`` times (interleaved,
+so drift on a shared machine hits both) and report the median with the range;
+the ratio columns divide the median engine rate by the median bare rate at the
+same batch size. A small engine job runs first as a warm-up.
 
-A small job runs first as a warm-up so that Ray worker start-up is not billed
-to the first measurement. Benchmarks are never timed assertions; run as::
+Benchmarks are never timed assertions. Run from the repository root::
 
-    python benchmarks/throughput.py [--rows N] [--quick]
+    python benchmarks/throughput.py [--rows N] [--quick] [--repeat R]
 """
 
 from __future__ import annotations
@@ -47,6 +46,7 @@ import argparse
 import asyncio
 import os
 import shlex
+import statistics
 import sys
 import time
 from collections import deque
@@ -60,65 +60,56 @@ from rayflow import NumberSequenceSource, Sink, SinkContext, SinkWriter, StreamE
 
 BATCH_SIZES = (10_000, 1_000)
 DEFAULT_ROWS = {10_000: 2_000_000, 1_000: 1_000_000}
-IN_FLIGHT = 16
+IN_FLIGHT = 16  # calls in flight per hop in the bare chain
+PIPELINES = ("passthrough-chained", "passthrough-3actor", "keyed-sum")
+REPEATED = "passthrough-3actor"
+STEADY_TRIM = 0.10  # arrivals left out at each end for the steady rate
 
 
-# --- a sink that discards ---------------------------------------------------------------
+# --- arrival timing (shared by the bare chain and the engine's sink) ----------------------
 
 
-class _Arrivals:
-    """Rows seen by one sink and when the first and the last batch arrived (``time.time()``)."""
+def steady_rate(arrival_times: list[float], rows: int) -> float:
+    """Input rows per second over the middle of the arrivals (see module docstring).
 
+    ``arrival_times`` are the ``time.time()`` of every batch written to the sink(s),
+    each standing for an equal share of the ``rows`` of input.
+    """
+    times = sorted(arrival_times)
+    n = len(times)
+    if n < 2:
+        return float("nan")
+    lo = int(n * STEADY_TRIM)
+    hi = n - 1 - lo
+    if times[hi] <= times[lo]:
+        lo, hi = 0, n - 1
+    return rows * (hi - lo) / n / (times[hi] - times[lo])
+
+
+class _DiscardWriter(SinkWriter):
     def __init__(self) -> None:
         self.rows = 0
-        self.first_at: float | None = None
-        self.last_at: float | None = None
-
-    def add(self, rows: int) -> None:
-        now = time.time()
-        if self.first_at is None:
-            self.first_at = now
-        self.last_at = now
-        self.rows += rows
-
-    def result(self) -> dict[str, Any]:
-        return {"rows": self.rows, "first_at": self.first_at, "last_at": self.last_at}
-
-
-def merge_arrivals(results: list[dict[str, Any]]) -> dict[str, Any]:
-    """Several sinks' arrivals as one: total rows, earliest first batch, latest last batch."""
-    seen = [r for r in results if r and r["first_at"] is not None]
-    return {
-        "rows": sum(r["rows"] for r in results if r),
-        "first_at": min((r["first_at"] for r in seen), default=None),
-        "last_at": max((r["last_at"] for r in seen), default=None),
-    }
-
-
-def steady_seconds(arrivals: dict[str, Any]) -> float:
-    """First to last batch at the sink(s): the data flow without deployment or start-up."""
-    return arrivals["last_at"] - arrivals["first_at"]
-
-
-class _CountingWriter(SinkWriter):
-    def __init__(self) -> None:
-        self.arrivals = _Arrivals()
+        self.times: list[float] = []
 
     def write(self, batch: pa.RecordBatch) -> None:
-        self.arrivals.add(batch.num_rows)
+        self.times.append(time.time())
+        self.rows += batch.num_rows
 
     def finish(self) -> Any:
-        return self.arrivals.result()
+        return {"rows": self.rows, "times": self.times}
 
 
 class DiscardSink(Sink):
-    """Throws every batch away; its result is how many rows it got, and when."""
+    """Throws every batch away; its result is how many rows it got and when each batch came."""
 
     def create_writer(self, context: SinkContext) -> SinkWriter:
-        return _CountingWriter()
+        return _DiscardWriter()
 
     def merge_results(self, results: list[Any]) -> Any:
-        return merge_arrivals(results)
+        return {
+            "rows": sum(r["rows"] for r in results if r),
+            "times": [t for r in results if r for t in r["times"]],
+        }
 
 
 # --- the bare Ray reference -----------------------------------------------------------------
@@ -132,16 +123,17 @@ def _make_batch(lo: int, hi: int) -> pa.RecordBatch:
 @ray.remote
 class BareSink:
     def __init__(self) -> None:
-        self.arrivals = _Arrivals()
+        self.rows = 0
+        self.times: list[float] = []
 
     async def push(self, batch: pa.RecordBatch) -> None:
-        self.arrivals.add(batch.num_rows)
+        self.times.append(time.time())
+        self.rows += batch.num_rows
 
-    async def count(self) -> dict[str, Any]:
-        return self.arrivals.result()
-
-    async def reset(self) -> None:
-        self.arrivals = _Arrivals()
+    async def take(self) -> dict[str, Any]:
+        out = {"rows": self.rows, "times": self.times}
+        self.rows, self.times = 0, []
+        return out
 
 
 @ray.remote
@@ -178,27 +170,33 @@ class BareSource:
         await self.downstream.flush.remote()
 
 
-def bare_chain(rows: int, batch_size: int) -> dict[str, Any]:
-    sink = BareSink.remote()
-    relay = BareRelay.remote(sink)
-    source = BareSource.remote(relay)
-    ray.get([sink.count.remote(), relay.flush.remote(), source.__ray_ready__.remote()])
-    # warm the call paths once, then measure
-    ray.get(source.run.remote(20 * batch_size, batch_size))
-    ray.get(sink.reset.remote())
-    started = time.perf_counter()
-    ray.get(source.run.remote(rows, batch_size))
-    elapsed = time.perf_counter() - started
-    arrivals = ray.get(sink.count.remote())
-    for actor in (source, relay, sink):
-        ray.kill(actor)
-    if arrivals["rows"] != rows:
-        raise RuntimeError(f"bare chain delivered {arrivals['rows']} rows, expected {rows}")
-    return {
-        "seconds": elapsed,
-        "rows_per_s": rows / elapsed,
-        "steady_rows_per_s": (rows - batch_size) / steady_seconds(arrivals),
-    }
+class BareChain:
+    """source -> relay -> sink as plain actors, created once and reused across runs."""
+
+    def __init__(self) -> None:
+        self.sink = BareSink.remote()
+        self.relay = BareRelay.remote(self.sink)
+        self.source = BareSource.remote(self.relay)
+        ray.get([self.sink.take.remote(), self.relay.flush.remote(),
+                 self.source.__ray_ready__.remote()])
+
+    def run(self, rows: int, batch_size: int) -> dict[str, Any]:
+        started = time.perf_counter()
+        ray.get(self.source.run.remote(rows, batch_size))
+        elapsed = time.perf_counter() - started
+        arrivals = ray.get(self.sink.take.remote())
+        if arrivals["rows"] != rows:
+            raise RuntimeError(f"bare chain delivered {arrivals['rows']} rows, expected {rows}")
+        return {
+            "rows_per_s": rows / elapsed,
+            "steady_rows_per_s": steady_rate(arrivals["times"], rows),
+            "wall_s": elapsed,
+            "actors": 3,
+        }
+
+    def close(self) -> None:
+        for actor in (self.source, self.relay, self.sink):
+            ray.kill(actor)
 
 
 # --- the engine -----------------------------------------------------------------------------
@@ -209,8 +207,8 @@ def _identity(batch: pa.RecordBatch) -> pa.RecordBatch:
 
 
 def _add_key(batch: pa.RecordBatch) -> pa.RecordBatch:
-    key = pc.remainder(batch.column(0), 1000)
-    return pa.RecordBatch.from_arrays([batch.column(0), key], names=["value", "key"])
+    value = batch.column(0)
+    return pa.RecordBatch.from_arrays([value, pc.remainder(value, 1000)], names=["value", "key"])
 
 
 def engine_job(kind: str, rows: int, batch_size: int, parallelism: int) -> dict[str, Any]:
@@ -219,43 +217,55 @@ def engine_job(kind: str, rows: int, batch_size: int, parallelism: int) -> dict[
     if kind == "passthrough-3actor":
         env.disable_operator_chaining()
     stream = env.from_source(NumberSequenceSource(0, rows - 1, batch_size=batch_size), "Source")
-    sink = DiscardSink()
     if kind == "keyed-sum":
-        stream.map_batches(_add_key, "AddKey").key_by("key").sum("value", "Sum").sink_to(
-            sink, "Discard"
-        )
+        stream = stream.map_batches(_add_key, "AddKey").key_by("key").sum("value", "Sum")
     else:
-        stream.map_batches(_identity, "Identity").sink_to(sink, "Discard")
-    wall_started = time.perf_counter()
+        stream = stream.map_batches(_identity, "Identity")
+    stream.sink_to(DiscardSink(), "Discard")
+
+    started = time.perf_counter()
     result = env.execute(f"throughput-{kind}-{batch_size}-p{parallelism}")
-    wall = time.perf_counter() - wall_started
+    wall = time.perf_counter() - started
 
     arrivals = result.sink_result("Discard")
     got = result.records_in("Sum") if kind == "keyed-sum" else arrivals["rows"]
     if got != rows:
         raise RuntimeError(f"{kind}: {got} rows arrived, expected {rows}")
     return {
-        "duration_s": result.duration_s,
         "rows_per_s": rows / result.duration_s,
-        "steady_rows_per_s": (rows - batch_size) / steady_seconds(arrivals),
+        "steady_rows_per_s": steady_rate(arrivals["times"], rows),
         "wall_s": wall,
         "actors": len(result.metrics),
     }
 
 
-PIPELINES = ("passthrough-chained", "passthrough-3actor", "keyed-sum")
-
-
 # --- main -----------------------------------------------------------------------------------
 
 
-def _fmt_rate(x: float) -> str:
+def _median_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    steady = [r["steady_rows_per_s"] for r in runs]
+    return {
+        "rows_per_s": statistics.median(r["rows_per_s"] for r in runs),
+        "steady_rows_per_s": statistics.median(steady),
+        "steady_min": min(steady),
+        "steady_max": max(steady),
+        "wall_s": statistics.median(r["wall_s"] for r in runs),
+        "actors": runs[0]["actors"],
+        "runs": len(runs),
+    }
+
+
+def _rate(x: float) -> str:
     return f"{x:,.0f}"
+
+
+def _short(x: float) -> str:
+    return f"{x / 1e6:.2f}M" if x >= 1e6 else f"{x / 1e3:.0f}k"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        description="rayflow throughput vs a bare Ray actor chain (rows/s)"
+        description="rayflow throughput next to a bare Ray actor chain (rows/s)"
     )
     parser.add_argument(
         "--rows",
@@ -265,18 +275,25 @@ def main(argv: list[str] | None = None) -> int:
         "1,000,000 for 1k-row batches)",
     )
     parser.add_argument("--quick", action="store_true", help="a quarter of the rows")
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=3,
+        help=f"runs of the bare chain and of {REPEATED} (median reported; default 3)",
+    )
     args = parser.parse_args(argv)
+    repeat = max(1, args.repeat)
 
     def rows_for(batch_size: int) -> int:
         rows = args.rows if args.rows is not None else DEFAULT_ROWS[batch_size]
-        return max(2 * batch_size, rows // 4 if args.quick else rows)
+        return max(10 * batch_size, rows // 4 if args.quick else rows)
 
     command = "python " + shlex.join(
         sys.argv if argv is None else ["benchmarks/throughput.py", *argv]
     )
     machine = (
-        f"{os.cpu_count()} CPUs, Ray {ray.__version__}, pyarrow {pa.__version__}, "
-        f"Python {sys.version.split()[0]}"
+        f"{os.cpu_count()} CPUs (nproc {len(os.sched_getaffinity(0))}), Ray {ray.__version__}, "
+        f"pyarrow {pa.__version__}, Python {sys.version.split()[0]}"
     )
     print(f"command: {command}")
     print(f"machine: {machine}", flush=True)
@@ -284,53 +301,76 @@ def main(argv: list[str] | None = None) -> int:
     ray.init(address="local", include_dashboard=False, logging_level="WARNING")
     total_started = time.perf_counter()
 
-    # Warm-up: one small job through the engine (worker start-up, imports, first calls).
+    def log(name: str, batch_size: int, parallelism: int, r: dict[str, Any]) -> None:
+        print(f"  {name:<19} {batch_size:>6} rows/batch p={parallelism}: "
+              f"{_rate(r['rows_per_s']):>10} rows/s, steady {_rate(r['steady_rows_per_s']):>10}, "
+              f"wall {r['wall_s']:.2f}s", flush=True)
+
+    # Warm-up: one small engine job (worker start-up, imports, first calls).
     engine_job("passthrough-3actor", 20_000, 1_000, 1)
 
+    # The bare chain and the 3-actor engine chain, interleaved, ``repeat`` times.
     bare: dict[int, dict[str, Any]] = {}
+    repeated: dict[tuple[int, int], dict[str, Any]] = {}
+    chain = BareChain()
+    chain.run(20 * BATCH_SIZES[-1], BATCH_SIZES[-1])  # warm the call paths
     for batch_size in BATCH_SIZES:
-        b = bare_chain(rows_for(batch_size), batch_size)
-        bare[batch_size] = b
-        print(f"  bare chain          {batch_size:>6} rows/batch    : "
-              f"{_fmt_rate(b['rows_per_s'])} rows/s (steady {_fmt_rate(b['steady_rows_per_s'])})",
-              flush=True)
+        rows = rows_for(batch_size)
+        bare_runs: list[dict[str, Any]] = []
+        engine_runs: dict[int, list[dict[str, Any]]] = {1: [], 2: []}
+        for _ in range(repeat):
+            bare_runs.append(chain.run(rows, batch_size))
+            log("bare chain", batch_size, 1, bare_runs[-1])
+            for parallelism in (1, 2):
+                engine_runs[parallelism].append(engine_job(REPEATED, rows, batch_size,
+                                                           parallelism))
+                log(REPEATED, batch_size, parallelism, engine_runs[parallelism][-1])
+        bare[batch_size] = _median_of(bare_runs)
+        for parallelism, runs in engine_runs.items():
+            repeated[(batch_size, parallelism)] = _median_of(runs)
+    chain.close()
 
-    runs: list[tuple[str, int, int, dict[str, Any]]] = []
+    results: list[tuple[str, int, int, dict[str, Any]]] = []
     for kind in PIPELINES:
         for batch_size in BATCH_SIZES:
             for parallelism in (1, 2):
-                r = engine_job(kind, rows_for(batch_size), batch_size, parallelism)
-                runs.append((kind, batch_size, parallelism, r))
-                print(f"  {kind:<19} {batch_size:>6} rows/batch p={parallelism}: "
-                      f"{_fmt_rate(r['rows_per_s'])} rows/s "
-                      f"(steady {_fmt_rate(r['steady_rows_per_s'])}, wall {r['wall_s']:.2f}s)",
-                      flush=True)
+                if kind == REPEATED:
+                    r = repeated[(batch_size, parallelism)]
+                else:
+                    r = _median_of([engine_job(kind, rows_for(batch_size), batch_size,
+                                               parallelism)])
+                    log(kind, batch_size, parallelism, r)
+                results.append((kind, batch_size, parallelism, r))
     total = time.perf_counter() - total_started
 
     print()
     print(f"command: `{command}`")
     print(f"machine: {machine}")
     print()
-    print("| pipeline | batch rows | parallelism | actors | rows | rows/s (duration_s) "
-          "| steady rows/s | wall s | vs bare, rows/s | vs bare, steady |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("| pipeline | batch rows | parallelism | actors | rows | runs | rows/s (duration_s) "
+          "| steady rows/s | steady min-max | wall s | vs bare: rows/s | vs bare: steady |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+
+    def row(name: str, batch_size: int, parallelism: int, r: dict[str, Any],
+            ratio: str = "", steady_ratio: str = "") -> None:
+        spread = (f"{_short(r['steady_min'])}-{_short(r['steady_max'])}"
+                  if r["runs"] > 1 else "")
+        print(f"| {name} | {batch_size:,} | {parallelism} | {r['actors']} "
+              f"| {rows_for(batch_size):,} | {r['runs']} | {_rate(r['rows_per_s'])} "
+              f"| {_rate(r['steady_rows_per_s'])} | {spread} | {r['wall_s']:.2f} "
+              f"| {ratio} | {steady_ratio} |")
+
     for batch_size in BATCH_SIZES:
-        b = bare[batch_size]
-        print(f"| bare Ray chain (reference) | {batch_size:,} | 1 | 3 | {rows_for(batch_size):,} "
-              f"| {_fmt_rate(b['rows_per_s'])} | {_fmt_rate(b['steady_rows_per_s'])} "
-              f"| {b['seconds']:.2f} | 1.00 | 1.00 |")
-    for kind, batch_size, parallelism, r in runs:
+        row("bare Ray chain (reference)", batch_size, 1, bare[batch_size], "1.00", "1.00")
+    for kind, batch_size, parallelism, r in results:
         ratio = steady_ratio = ""
-        if kind == "passthrough-3actor":
+        if kind == REPEATED:
             b = bare[batch_size]
             ratio = f"{r['rows_per_s'] / b['rows_per_s']:.2f}"
             steady_ratio = f"{r['steady_rows_per_s'] / b['steady_rows_per_s']:.2f}"
-        print(f"| {kind} | {batch_size:,} | {parallelism} | {r['actors']} "
-              f"| {rows_for(batch_size):,} | {_fmt_rate(r['rows_per_s'])} "
-              f"| {_fmt_rate(r['steady_rows_per_s'])} | {r['wall_s']:.2f} "
-              f"| {ratio} | {steady_ratio} |")
+        row(kind, batch_size, parallelism, r, ratio, steady_ratio)
     print()
-    print(f"total benchmark time (after ray.init): {total:.1f}s")
+    print(f"total benchmark time (after ray.init): {total:.0f}s")
     return 0
 
 

@@ -28,8 +28,9 @@ from rayflow.keygroups import DEFAULT_MAX_PARALLELISM
 from rayflow.plan.logical import LogicalPlan
 from rayflow.plan.physical import JobGraph, build_job_graph
 from rayflow.errors import JobFailedError
+from rayflow.guarantees import DeliveryGuarantee, end_to_end
 from rayflow.runtime.job_master import JobMaster, JobSettings, _unwrap
-from rayflow.sink import Sink
+from rayflow.sink import Sink, UnsupportedGuaranteeError
 from rayflow.sources import CollectionSource, Source
 
 __all__ = ["StreamExecutionEnvironment", "JobClient", "JobResult"]
@@ -61,6 +62,7 @@ class JobResult:
     recovery_times_s: list[float] = field(default_factory=list)
     restored_from: int | None = None
     job_master_restarts: int = 0
+    guarantees: dict[str, str] = field(default_factory=dict)
 
     @property
     def completed_checkpoints(self) -> list[dict[str, Any]]:
@@ -103,6 +105,7 @@ class JobClient:
         self._graph = graph
         self._settings = settings
         self._result: JobResult | None = None
+        self._guarantees: dict[str, str] = {}
         self._master_restarts = 0
         self._master_strategy = copy.deepcopy(settings.restart_strategy) or default_restart_strategy(
             settings.checkpointing
@@ -177,6 +180,7 @@ class JobClient:
         self._release()
         self._result = _build_result(self.job_name, self._graph, raw)
         self._result.job_master_restarts = self._master_restarts
+        self._result.guarantees = dict(self._guarantees)
         return self._result
 
     get_job_execution_result = wait
@@ -322,6 +326,7 @@ class StreamExecutionEnvironment:
     # --- running -------------------------------------------------------------------------
 
     def get_job_graph(self) -> JobGraph:
+        """The physical plan; raises if a sink is asked for more than the job can give."""
         graph = build_job_graph(self._plan, self._parallelism, self._max_parallelism,
                                 self._chaining)
         for vertex in graph.vertices.values():
@@ -329,11 +334,79 @@ class StreamExecutionEnvironment:
                 sink = _sink_of(spec)
                 if sink is not None:
                     sink._rayflow_name = spec.name
+                    self._check_guarantee(spec.name, sink)
         return graph
 
+    def _check_guarantee(self, name: str, sink: Sink) -> None:
+        config = self._checkpoint_config
+        if not sink.guarantee_requested:
+            if not config.is_checkpointing_enabled():
+                job_best = DeliveryGuarantee.NONE
+            elif config.mode is CheckpointingMode.EXACTLY_ONCE:
+                job_best = DeliveryGuarantee.EXACTLY_ONCE
+            else:
+                job_best = DeliveryGuarantee.AT_LEAST_ONCE
+            sink.delivery_guarantee = max(
+                (g for g in sink.supported_guarantees if g.rank <= job_best.rank),
+                key=lambda g: g.rank,
+                default=DeliveryGuarantee.NONE,
+            )
+        asked = sink.delivery_guarantee
+        if asked is DeliveryGuarantee.NONE:
+            return
+        if not config.is_checkpointing_enabled():
+            raise UnsupportedGuaranteeError(
+                f"sink {name!r} asks for {asked.name} but checkpointing is off: without "
+                "checkpoints nothing can be replayed after a failure. Call "
+                "env.enable_checkpointing(interval_ms), or ask the sink for "
+                "DeliveryGuarantee.NONE."
+            )
+        if asked is DeliveryGuarantee.EXACTLY_ONCE and (
+            config.mode is not CheckpointingMode.EXACTLY_ONCE
+        ):
+            raise UnsupportedGuaranteeError(
+                f"sink {name!r} asks for EXACTLY_ONCE but checkpointing mode is "
+                f"{config.mode.name}: unaligned barriers may count records twice in state. "
+                "Use CheckpointingMode.EXACTLY_ONCE or ask the sink for AT_LEAST_ONCE."
+            )
+        lifetime = getattr(sink, "max_transaction_lifetime_s", None)
+        if asked is DeliveryGuarantee.EXACTLY_ONCE and lifetime is not None:
+            longest = (config.interval_ms + config.timeout_ms) / 1000.0
+            if longest > lifetime:
+                raise UnsupportedGuaranteeError(
+                    f"sink {name!r}: a transaction may stay open {longest:g} s (checkpoint "
+                    f"interval + timeout) but the target drops transactions after "
+                    f"{lifetime:g} s; shorten the interval or timeout"
+                )
+
+    def guarantees(self) -> dict[str, str]:
+        """Each sink's end-to-end guarantee, in words."""
+        config = self._checkpoint_config
+        graph = self.get_job_graph()
+        return {
+            spec.name: end_to_end(
+                sink.delivery_guarantee,
+                config.is_checkpointing_enabled(),
+                config.mode.value,
+            )
+            for vertex in graph.vertices.values()
+            for spec in vertex.operators
+            if (sink := _sink_of(spec)) is not None
+        }
+
     def explain(self) -> str:
-        """The physical plan: chained vertices, parallelism and partitioners."""
-        return self.get_job_graph().explain()
+        """The physical plan (chained vertices, parallelism, partitioners), checkpointing
+        and each sink's end-to-end guarantee."""
+        text = self.get_job_graph().explain()
+        config = self._checkpoint_config
+        if config.is_checkpointing_enabled():
+            text += (f"\ncheckpointing: {config.mode.name} every {config.interval_ms} ms "
+                     f"to {config.checkpoint_storage}")
+        else:
+            text += "\ncheckpointing: off"
+        for name, words in self.guarantees().items():
+            text += f"\nsink {name!r}: {words}"
+        return text
 
     def execute_async(
         self, job_name: str = "rayflow job", restore_from: str | None = None
@@ -363,7 +436,9 @@ class StreamExecutionEnvironment:
         ensure_ray()
         for sink in _sinks_of(graph):
             sink.setup(job_name)
-        return JobClient(job_name, settings.job_id, graph, settings)
+        client = JobClient(job_name, settings.job_id, graph, settings)
+        client._guarantees = self.guarantees()
+        return client
 
     def _load_restore(self, job_name: str, restore_from: str) -> dict[str, Any]:
         config = self._checkpoint_config

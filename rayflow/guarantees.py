@@ -40,3 +40,18 @@ _WORDS = {
     DeliveryGuarantee.AT_LEAST_ONCE: "at-least-once (nothing lost; replay may duplicate)",
     DeliveryGuarantee.EXACTLY_ONCE: "exactly-once effect (two-phase commit)",
 }
+
+
+def end_to_end(sink_guarantee: DeliveryGuarantee, checkpointing: bool, mode: str | None) -> str:
+    """What a job promises, in words, for one sink: never more than holds."""
+    if sink_guarantee is DeliveryGuarantee.EXACTLY_ONCE and checkpointing and (
+        mode == "exactly-once"
+    ):
+        return "exactly-once effect: exactly-once state (aligned checkpoints) + two-phase commit"
+    if sink_guarantee is DeliveryGuarantee.AT_LEAST_ONCE and checkpointing:
+        return "at-least-once: replay from the last checkpoint may write records again"
+    if sink_guarantee is DeliveryGuarantee.EXACTLY_ONCE and checkpointing:
+        return "at-least-once: checkpoints do not align barriers, so state may count twice"
+    if not checkpointing:
+        return "at-most-once: no checkpoint to replay from; records may be lost after a failure"
+    return "at-most-once: the sink takes no part in checkpoints; records may be lost"

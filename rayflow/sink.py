@@ -94,6 +94,9 @@ class Sink(abc.ABC):
     supported_guarantees: frozenset[DeliveryGuarantee] = frozenset({DeliveryGuarantee.NONE})
 
     def __init__(self, delivery_guarantee: DeliveryGuarantee | None = None) -> None:
+        #: False when the user left the guarantee open: the job then picks the strongest
+        #: one that both the sink and the job's checkpointing can give, and says so.
+        self.guarantee_requested = delivery_guarantee is not None
         if delivery_guarantee is None:
             delivery_guarantee = max(self.supported_guarantees, key=lambda g: g.rank)
         if not isinstance(delivery_guarantee, DeliveryGuarantee):

@@ -7,9 +7,11 @@ committed when the subtask learns that a checkpoint >= n completed. After a
 restore every committable of the restored state is committed (idempotently) and
 the subtask's lingering transactions are aborted.
 
-AT_LEAST_ONCE: transactions are committed at the barrier, before the checkpoint
-completes, so output written after the checkpoint is written again on replay.
-NONE: committed whenever a transaction rolls and at the end of input.
+AT_LEAST_ONCE: transactions are committed whenever they roll and at every barrier,
+before the checkpoint completes, so nothing before a completed checkpoint is lost and
+output written after it is written again on replay.
+NONE: committed whenever a transaction rolls and at the end of input; checkpoints
+play no part, so a failure loses the open transaction.
 """
 
 from __future__ import annotations
@@ -83,7 +85,7 @@ class TwoPhaseCommitSinkOperator(Operator):
             self.sink.abort_transaction(transaction)
             return
         committable = self.sink.pre_commit(transaction)
-        if self.mode is DeliveryGuarantee.NONE:
+        if self.mode is not DeliveryGuarantee.EXACTLY_ONCE:
             self._commit(committable)
         else:
             self.rolled.append(committable)
