@@ -177,8 +177,9 @@ class BareChain:
         self.sink = BareSink.remote()
         self.relay = BareRelay.remote(self.sink)
         self.source = BareSource.remote(self.relay)
-        ray.get([self.sink.take.remote(), self.relay.flush.remote(),
-                 self.source.__ray_ready__.remote()])
+        ray.get(
+            [self.sink.take.remote(), self.relay.flush.remote(), self.source.__ray_ready__.remote()]
+        )
 
     def run(self, rows: int, batch_size: int) -> dict[str, Any]:
         started = time.perf_counter()
@@ -302,9 +303,12 @@ def main(argv: list[str] | None = None) -> int:
     total_started = time.perf_counter()
 
     def log(name: str, batch_size: int, parallelism: int, r: dict[str, Any]) -> None:
-        print(f"  {name:<19} {batch_size:>6} rows/batch p={parallelism}: "
-              f"{_rate(r['rows_per_s']):>10} rows/s, steady {_rate(r['steady_rows_per_s']):>10}, "
-              f"wall {r['wall_s']:.2f}s", flush=True)
+        print(
+            f"  {name:<19} {batch_size:>6} rows/batch p={parallelism}: "
+            f"{_rate(r['rows_per_s']):>10} rows/s, steady {_rate(r['steady_rows_per_s']):>10}, "
+            f"wall {r['wall_s']:.2f}s",
+            flush=True,
+        )
 
     # Warm-up: one small engine job (worker start-up, imports, first calls).
     engine_job("passthrough-3actor", 20_000, 1_000, 1)
@@ -322,8 +326,7 @@ def main(argv: list[str] | None = None) -> int:
             bare_runs.append(chain.run(rows, batch_size))
             log("bare chain", batch_size, 1, bare_runs[-1])
             for parallelism in (1, 2):
-                engine_runs[parallelism].append(engine_job(REPEATED, rows, batch_size,
-                                                           parallelism))
+                engine_runs[parallelism].append(engine_job(REPEATED, rows, batch_size, parallelism))
                 log(REPEATED, batch_size, parallelism, engine_runs[parallelism][-1])
         bare[batch_size] = _median_of(bare_runs)
         for parallelism, runs in engine_runs.items():
@@ -337,8 +340,9 @@ def main(argv: list[str] | None = None) -> int:
                 if kind == REPEATED:
                     r = repeated[(batch_size, parallelism)]
                 else:
-                    r = _median_of([engine_job(kind, rows_for(batch_size), batch_size,
-                                               parallelism)])
+                    r = _median_of(
+                        [engine_job(kind, rows_for(batch_size), batch_size, parallelism)]
+                    )
                     log(kind, batch_size, parallelism, r)
                 results.append((kind, batch_size, parallelism, r))
     total = time.perf_counter() - total_started
@@ -347,18 +351,27 @@ def main(argv: list[str] | None = None) -> int:
     print(f"command: `{command}`")
     print(f"machine: {machine}")
     print()
-    print("| pipeline | batch rows | parallelism | actors | rows | runs | rows/s (duration_s) "
-          "| steady rows/s | steady min-max | wall s | vs bare: rows/s | vs bare: steady |")
+    print(
+        "| pipeline | batch rows | parallelism | actors | rows | runs | rows/s (duration_s) "
+        "| steady rows/s | steady min-max | wall s | vs bare: rows/s | vs bare: steady |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 
-    def row(name: str, batch_size: int, parallelism: int, r: dict[str, Any],
-            ratio: str = "", steady_ratio: str = "") -> None:
-        spread = (f"{_short(r['steady_min'])}-{_short(r['steady_max'])}"
-                  if r["runs"] > 1 else "")
-        print(f"| {name} | {batch_size:,} | {parallelism} | {r['actors']} "
-              f"| {rows_for(batch_size):,} | {r['runs']} | {_rate(r['rows_per_s'])} "
-              f"| {_rate(r['steady_rows_per_s'])} | {spread} | {r['wall_s']:.2f} "
-              f"| {ratio} | {steady_ratio} |")
+    def row(
+        name: str,
+        batch_size: int,
+        parallelism: int,
+        r: dict[str, Any],
+        ratio: str = "",
+        steady_ratio: str = "",
+    ) -> None:
+        spread = f"{_short(r['steady_min'])}-{_short(r['steady_max'])}" if r["runs"] > 1 else ""
+        print(
+            f"| {name} | {batch_size:,} | {parallelism} | {r['actors']} "
+            f"| {rows_for(batch_size):,} | {r['runs']} | {_rate(r['rows_per_s'])} "
+            f"| {_rate(r['steady_rows_per_s'])} | {spread} | {r['wall_s']:.2f} "
+            f"| {ratio} | {steady_ratio} |"
+        )
 
     for batch_size in BATCH_SIZES:
         row("bare Ray chain (reference)", batch_size, 1, bare[batch_size], "1.00", "1.00")

@@ -145,12 +145,39 @@ def _demo(args: argparse.Namespace) -> int:
     return orders.run(args)
 
 
+# --- rayflow checkpoints -----------------------------------------------------------------
+
+
+def _add_checkpoints(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "checkpoints",
+        help="list and inspect retained checkpoints",
+        description="List the completed checkpoints of a job (PATH is the job's checkpoint "
+        "directory, e.g. /tmp/rayflow/checkpoints/<job>) or inspect one (PATH ends in "
+        "chk-<n>): id, completion time, size, and the state size of every operator.",
+    )
+    parser.add_argument("path", help="a job's checkpoint directory, or one chk-<n> in it")
+    parser.set_defaults(handler=_checkpoints)
+
+
+def _checkpoints(args: argparse.Namespace) -> int:
+    from rayflow.checkpoint.inspect import describe
+
+    try:
+        print(describe(args.path))
+    except FileNotFoundError as exc:
+        return _fail("checkpoints", str(exc))
+    return 0
+
+
 # --- registry ----------------------------------------------------------------------------
 
 #: One registration function per subcommand, in the order ``--help`` lists them.
-#: A later ``rayflow checkpoints PATH`` (list / inspect a checkpoint directory) goes here
-#: as ``_add_checkpoints``.
-_SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (_add_run, _add_demo)
+_SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
+    _add_run,
+    _add_demo,
+    _add_checkpoints,
+)
 
 
 def register_subcommands(subparsers: argparse._SubParsersAction) -> None:

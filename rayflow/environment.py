@@ -149,6 +149,13 @@ class JobClient:
         except ray.exceptions.RayActorError:
             return "FAILED"
 
+    def _master_status(self) -> dict[str, Any]:
+        return ray.get(self._master.status.remote())
+
+    def checkpoints(self) -> list[dict[str, Any]]:
+        """Statistics of every checkpoint so far (completed, failed and aborted)."""
+        return ray.get(self._master.checkpoints.remote())
+
     def metrics(self) -> list[dict[str, Any]]:
         """Per-subtask metrics of the running job (records in/out, buffers, in-flight pushes)."""
         return ray.get(self._master.metrics.remote())

@@ -140,8 +140,9 @@ def test_run_propagates_job_exit_code(tmp_path):
     assert exc.value.code == 3
 
 
-def test_subcommands_are_registered_in_one_place():
-    assert [add.__name__ for add in cli._SUBCOMMANDS] == ["_add_run", "_add_demo"]
+def test_checkpoints_of_a_missing_path_is_a_clear_error(tmp_path, capsys):
+    assert cli.main(["checkpoints", str(tmp_path / "nothing")]) == 2
+    assert "no completed checkpoint" in capsys.readouterr().err
 
 
 # --- the orders job's data and verification (no Ray: the pipeline is replayed in numpy) ---

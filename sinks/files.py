@@ -1,0 +1,376 @@
+"""A file sink on ``pyarrow.fs``: hidden in-progress files, published by an atomic rename.
+
+``FileSink(path, format)`` writes each subtask's records into part files under the
+directory ``path`` (a local path, or any URI ``pyarrow.fs`` understands such as
+``s3://bucket/prefix``; or pass a ``filesystem`` and a path inside it).
+
+One transaction is one part file. It is written as a hidden file (leading dot, so
+``pyarrow.dataset`` and most readers skip it) and renamed to its final name when
+the transaction commits::
+
+    .part-<job>-<operator uid>-<subtask:04d>-<sequence:08d>.<ext>.inprogress
+        -> part-<job>-<operator uid>-<subtask:04d>-<sequence:08d>.<ext>
+
+Final names are deterministic: within one job, listing a directory in name order
+gives the committed output in subtask order, then in the order each subtask wrote
+it. The job name and operator uid in the name keep two jobs (or two sinks) writing
+into one directory apart.
+
+* The file is opened at the first write, so an empty transaction leaves no file.
+* ``pre_commit`` closes the encoder (the Parquet footer), closes the file and, on a
+  local filesystem, fsyncs it and its directory: a pre-committed part survives a
+  killed process and a crashed machine. The committable is
+  ``FileCommittable(tmp_path, final_path, size)``.
+* ``commit`` renames the in-progress file to its final name (atomic on a local
+  filesystem). It is idempotent: when the in-progress file is gone and the final
+  file has the expected size, the part is already committed. When neither exists
+  the pre-committed data is gone, and ``commit`` raises.
+* After a restore, ``abort_lingering`` deletes this subtask's in-progress files that
+  the restored checkpoint does not hold.
+
+Guarantees: EXACTLY_ONCE (parts are published only when the checkpoint that
+pre-committed them completes), AT_LEAST_ONCE (published at every checkpoint barrier
+and whenever a part rolls; a part rewritten on replay replaces the file of the same
+name), NONE (published whenever a part rolls and at the end of input).
+
+On an object store (``s3://``) ``pyarrow.fs``'s move is a copy and a delete, not an
+atomic rename; for S3 prefer ``sinks.s3``, which publishes with a multipart upload.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import posixpath
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+
+from rayflow.guarantees import DeliveryGuarantee
+from rayflow.sink import RollingPolicy, SinkContext, TwoPhaseCommittingSink
+from sinks.formats import FORMATS, Encoder, extension_of, open_encoder
+
+__all__ = ["FileSink", "FileCommittable"]
+
+log = logging.getLogger("rayflow.sinks.files")
+
+IN_PROGRESS_SUFFIX = ".inprogress"
+
+
+class FileCommittable(NamedTuple):
+    """A pre-committed part file: where it is, where it goes, and how big it is."""
+
+    tmp_path: str
+    final_path: str
+    size: int
+
+
+@dataclass
+class _PartFile:
+    """An open transaction: one in-progress part file, opened at the first write."""
+
+    tmp_path: str
+    final_path: str
+    stream: Any = None
+    encoder: Encoder | None = None
+    rows: int = 0
+    size: int = 0
+    closed: bool = False
+
+
+class FileSink(TwoPhaseCommittingSink):
+    """Writes part files into the directory ``path``; see the module docstring.
+
+    ``format``: ``"jsonl"``, ``"csv"`` or ``"parquet"``. ``delivery_guarantee``: left
+    open (None), the job picks the strongest its checkpointing allows (EXACTLY_ONCE
+    with exactly-once checkpointing). ``rolling_policy``: when a part file is closed
+    and the next begun (always at a checkpoint; also on size or age).
+    ``filesystem``: a ``pyarrow.fs.FileSystem``; ``path`` is then a path inside it.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        format: str = "jsonl",
+        delivery_guarantee: DeliveryGuarantee | None = None,
+        rolling_policy: RollingPolicy | None = None,
+        filesystem: pafs.FileSystem | None = None,
+    ) -> None:
+        super().__init__(delivery_guarantee, rolling_policy)
+        if format not in FORMATS:
+            raise ValueError(f"FileSink: format must be one of {FORMATS}, got {format!r}")
+        self.format = format
+        self.extension = extension_of(format)
+        self.filesystem, self.directory = _resolve(path, filesystem)
+        self._local = _local_root(self.filesystem)
+        self._job_name: str | None = None
+        self._open: dict[str, _PartFile] = {}
+        self._dir_ready = False
+        if self._local is not None and os.path.isfile(self._local_path(self.directory)):
+            raise ValueError(
+                f"FileSink: path {path!r} is a file; it must be a directory (created when missing)"
+            )
+
+    # --- names ----------------------------------------------------------------------------
+
+    def transaction_prefix(self, context: SinkContext) -> str:
+        """``part-<job>-<uid>-<subtask:04d>-``: the zero-padded subtask keeps name order =
+        subtask order, and the trailing dash keeps subtask 1 apart from subtask 11."""
+        base = super().transaction_prefix(context)
+        tail = f"{context.subtask_index}-"
+        if base.endswith(tail):
+            base = base[: -len(tail)]
+        return f"part-{base}{context.subtask_index:04d}-"
+
+    def _names(self, context: SinkContext, sequence: int) -> tuple[str, str]:
+        name = f"{self.transaction_prefix(context)}{sequence:08d}.{self.extension}"
+        return (
+            posixpath.join(self.directory, f".{name}{IN_PROGRESS_SUFFIX}"),
+            posixpath.join(self.directory, name),
+        )
+
+    def _job_prefix(self, job_name: str) -> str:
+        """The part of every file name that is the same for all sinks of one job."""
+        probe = SinkContext(job_name, "u", 0, 1, 0)
+        return self.transaction_prefix(probe)[: -len("u-0000-")]
+
+    # --- the driver ------------------------------------------------------------------------
+
+    def setup(self, job_name: str) -> None:
+        self._job_name = job_name
+        self._ensure_dir()
+
+    def merge_results(self, results: list[Any]) -> list[str]:
+        """The committed part files of this job in ``path``, in name (= output) order."""
+        prefix = self._job_prefix(self._job_name) if self._job_name is not None else "part-"
+        return self.committed_files(prefix)
+
+    def committed_files(self, prefix: str = "part-") -> list[str]:
+        """Committed (visible) part files in ``path`` whose name starts with ``prefix``."""
+        return sorted(
+            info.path
+            for info in self._list()
+            if info.type is pafs.FileType.File
+            and info.base_name.startswith(prefix)
+            and info.base_name.endswith(f".{self.extension}")
+        )
+
+    def in_progress_files(self) -> list[str]:
+        """Hidden in-progress part files in ``path`` (of any job)."""
+        return sorted(
+            info.path
+            for info in self._list()
+            if info.type is pafs.FileType.File
+            and info.base_name.startswith(".part-")
+            and info.base_name.endswith(IN_PROGRESS_SUFFIX)
+        )
+
+    # --- transactions ----------------------------------------------------------------------
+
+    def begin_transaction(self, context: SinkContext, sequence: int) -> _PartFile:
+        tmp_path, final_path = self._names(context, sequence)
+        return _PartFile(tmp_path, final_path)
+
+    def write(self, transaction: _PartFile, batch: pa.RecordBatch) -> None:
+        if transaction.closed:
+            raise RuntimeError(f"FileSink: part {transaction.tmp_path} is already closed")
+        if batch.num_rows == 0:
+            return
+        if transaction.stream is None:
+            self._ensure_dir()
+            # compression=None: never guess a codec from the file name.
+            transaction.stream = self.filesystem.open_output_stream(
+                transaction.tmp_path, compression=None
+            )
+            self._open[transaction.tmp_path] = transaction
+            transaction.encoder = open_encoder(self.format, transaction.stream)
+        transaction.encoder.write(batch)
+        transaction.rows += batch.num_rows
+        transaction.size = transaction.stream.tell()
+
+    def transaction_size(self, transaction: _PartFile) -> int:
+        return transaction.size
+
+    def is_empty(self, transaction: _PartFile) -> bool:
+        return transaction.rows == 0
+
+    def pre_commit(self, transaction: _PartFile) -> FileCommittable:
+        if transaction.stream is None:
+            raise RuntimeError(
+                f"FileSink: nothing was written into {transaction.tmp_path}; an empty "
+                "transaction is aborted, not pre-committed"
+            )
+        transaction.encoder.close()  # the Parquet footer; flushes the stream
+        size = transaction.stream.tell()
+        transaction.stream.close()
+        transaction.closed = True
+        self._open.pop(transaction.tmp_path, None)
+        if self._local is not None:
+            _fsync_file(self._local_path(transaction.tmp_path))
+            _fsync_dir(self._local_path(self.directory))
+        return FileCommittable(transaction.tmp_path, transaction.final_path, size)
+
+    def commit(self, committable: FileCommittable) -> None:
+        tmp_path, final_path, size = committable
+        tmp, final = self.filesystem.get_file_info([tmp_path, final_path])
+        if tmp.type is pafs.FileType.File:
+            if final.type is pafs.FileType.File:
+                # A sequence number used again: a restore from an older checkpoint, or an
+                # at-least-once replay. The newer part replaces the older one.
+                log.warning("FileSink: %s exists; replacing it with %s", final_path, tmp_path)
+            self.filesystem.move(tmp_path, final_path)
+            if self._local is not None:
+                _fsync_dir(self._local_path(self.directory))
+            return
+        if final.type is pafs.FileType.File:
+            if final.size == size:
+                return  # committed before (a commit repeated after a restore)
+            raise RuntimeError(
+                f"FileSink: cannot commit {final_path}: its in-progress file {tmp_path} is gone "
+                f"and the final file has {final.size} bytes, not the {size} pre-committed; "
+                "something else wrote that name (another job with the same name into the "
+                "same directory?)"
+            )
+        raise RuntimeError(
+            f"FileSink: cannot commit {final_path}: neither it nor its in-progress file "
+            f"{tmp_path} exists, so the pre-committed data ({size} bytes) was lost. Was the "
+            "directory cleaned, or is it not shared by every node?"
+        )
+
+    def abort(self, committable: FileCommittable) -> None:
+        self._delete(committable[0])
+
+    def abort_transaction(self, transaction: _PartFile) -> None:
+        self._open.pop(transaction.tmp_path, None)
+        if transaction.stream is not None and not transaction.closed:
+            try:
+                transaction.stream.close()
+            except Exception:  # noqa: BLE001 - the file is deleted next
+                pass
+        transaction.closed = True
+        if transaction.stream is not None:
+            self._delete(transaction.tmp_path)
+
+    def abort_lingering(self, context: SinkContext, keep: list[Any]) -> int:
+        prefix = f".{self.transaction_prefix(context)}"
+        kept = {c[0] for c in keep}
+        aborted = 0
+        for info in self._list():
+            name = info.base_name
+            if (
+                info.type is pafs.FileType.File
+                and name.startswith(prefix)
+                and name.endswith(IN_PROGRESS_SUFFIX)
+                and info.path not in kept
+            ):
+                self._delete(info.path)
+                aborted += 1
+        return aborted
+
+    def committable_id(self, committable: FileCommittable) -> str:
+        return posixpath.basename(committable[1])
+
+    def close(self) -> None:
+        """Drops the parts still open in this subtask: they were never pre-committed, so no
+        checkpoint can refer to them."""
+        for transaction in list(self._open.values()):
+            try:
+                self.abort_transaction(transaction)
+            except Exception as exc:  # noqa: BLE001 - abort_lingering removes it later
+                log.warning("FileSink: could not drop %s: %s", transaction.tmp_path, exc)
+        self._open.clear()
+
+    # --- helpers ---------------------------------------------------------------------------
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_open"] = {}  # open streams stay in the process that opened them
+        state["_dir_ready"] = False
+        return state
+
+    def _ensure_dir(self) -> None:
+        if not self._dir_ready:
+            self.filesystem.create_dir(self.directory, recursive=True)
+            self._dir_ready = True
+
+    def _list(self) -> list[pafs.FileInfo]:
+        selector = pafs.FileSelector(self.directory, allow_not_found=True, recursive=False)
+        return self.filesystem.get_file_info(selector)
+
+    def _delete(self, path: str) -> None:
+        try:
+            self.filesystem.delete_file(path)
+        except FileNotFoundError:
+            pass
+
+    def _local_path(self, path: str) -> str:
+        return os.path.join(self._local, path.lstrip("/")) if self._local else path
+
+    def __repr__(self) -> str:
+        return (
+            f"FileSink({self.directory!r}, format={self.format!r}, "
+            f"delivery_guarantee={self.delivery_guarantee.name})"
+        )
+
+
+def _resolve(
+    path: str | os.PathLike[str], filesystem: pafs.FileSystem | None
+) -> tuple[pafs.FileSystem, str]:
+    if isinstance(path, os.PathLike):
+        path = os.fspath(path)
+    if not isinstance(path, str) or not path:
+        raise ValueError(f"FileSink: path must be a non-empty directory path or URI, got {path!r}")
+    if filesystem is not None:
+        if not isinstance(filesystem, pafs.FileSystem):
+            raise TypeError(
+                f"FileSink: filesystem must be a pyarrow.fs.FileSystem, got "
+                f"{type(filesystem).__name__}"
+            )
+        if isinstance(filesystem, pafs.LocalFileSystem):
+            path = os.path.abspath(path)
+        return filesystem, path.rstrip("/") or "/"
+    if "://" not in path:
+        # A local path, made absolute here on the driver: subtasks may run elsewhere.
+        return pafs.LocalFileSystem(), os.path.abspath(path)
+    try:
+        fs, inner = pafs.FileSystem.from_uri(path)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError, OSError) as exc:
+        raise ValueError(
+            f"FileSink: path {path!r} is not a URI pyarrow.fs understands ({exc}); pass a "
+            "local path, a URI such as s3://bucket/prefix, or filesystem=..."
+        ) from None
+    return fs, inner.rstrip("/") or "/"
+
+
+def _local_root(fs: pafs.FileSystem) -> str | None:
+    """The local directory that paths of ``fs`` are relative to, or None if not local."""
+    if isinstance(fs, pafs.LocalFileSystem):
+        return "/"
+    if isinstance(fs, pafs.SubTreeFileSystem):
+        base = _local_root(fs.base_fs)
+        if base is not None:
+            return os.path.join(base, fs.base_path.lstrip("/"))
+    return None
+
+
+def _fsync_file(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_dir(path: str) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # some filesystems refuse fsync on a directory
+    finally:
+        os.close(fd)

@@ -1,0 +1,74 @@
+"""Checkpointing on a real Ray without faults: stats, the final checkpoint, retained
+checkpoints on disk, resuming a job from one, and `rayflow checkpoints`."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from rayflow import JobFailedError
+from rayflow.cli import main as cli_main
+from rayflow.config import CheckpointingMode
+from tests.chaos.harness import build_keyed_sum, expected_rows, expected_sums, outcome, unique_job
+
+N = 200_000
+
+
+@pytest.mark.parametrize("mode", [CheckpointingMode.EXACTLY_ONCE, CheckpointingMode.AT_LEAST_ONCE])
+def test_periodic_and_final_checkpoints_are_recorded(mode, tmp_path):
+    env, sink = build_keyed_sum(N, 2, 5000, rate=200_000, checkpoint_ms=150, mode=mode,
+                                storage=str(tmp_path))
+    env.get_checkpoint_config().set_num_retained_checkpoints(2)
+    job = unique_job("stats")
+    result = env.execute(job)
+    got = outcome(result, sink)
+    assert got.sums == expected_sums(N)
+    completed = result.completed_checkpoints
+    assert len(completed) >= 3
+    assert completed[-1]["final"] and not any(c["final"] for c in completed[:-1])
+    ids = [c["checkpoint_id"] for c in completed]
+    assert ids == sorted(ids) and len(set(ids)) == len(ids)
+    for stats in completed:
+        assert len(stats["subtasks"]) == 4  # two chained vertices x parallelism 2
+        assert stats["size"] > 0 and stats["duration_s"] > 0
+        for sub in stats["subtasks"].values():
+            assert sub["alignment_s"] >= 0 and sub["sync_s"] >= 0
+    if mode is CheckpointingMode.EXACTLY_ONCE:
+        assert got.rows == expected_rows(N, 2, 5000)
+    # retained: the two newest, each with its metadata
+    retained = sorted(p.name for p in (tmp_path / job).iterdir())
+    assert retained == [f"chk-{i}" for i in ids[-2:]]
+
+
+def test_resume_from_a_retained_checkpoint_of_a_cancelled_run(tmp_path, capsys):
+    job = unique_job("resume")
+    env, sink = build_keyed_sum(N, 2, 5000, rate=50_000, checkpoint_ms=100,
+                                storage=str(tmp_path))
+    client = env.execute_async(job)
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        if len(client._master_status()["completed_checkpoints"]) >= 2:
+            break
+        time.sleep(0.05)
+    client.cancel()
+    with pytest.raises(JobFailedError, match="cancelled"):
+        client.wait()
+
+    assert cli_main(["checkpoints", str(tmp_path / job)]) == 0
+    listing = capsys.readouterr().out
+    assert "running-sum" in listing and "numbers" in listing
+
+    env2, _ = build_keyed_sum(N, 2, 5000, rate=None, checkpoint_ms=100,
+                              storage=str(tmp_path), sink=sink)
+    result = env2.execute(job, restore_from=str(tmp_path / job))
+    assert result.restored_from is not None and result.restored_from >= 2
+    got = outcome(result, sink)
+    assert got.sums == expected_sums(N)
+    assert got.rows == expected_rows(N, 2, 5000)
+
+
+def test_restore_from_a_missing_checkpoint_is_a_clear_error(tmp_path):
+    env, _ = build_keyed_sum(1000, 1, 100, storage=str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="no completed checkpoint"):
+        env.execute_async("nothing-here", restore_from="latest")
