@@ -15,6 +15,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 __all__ = [
@@ -107,7 +108,7 @@ class _NumberReader(_SequentialReader):
         if split.next_value > split.end:
             return None
         stop = min(split.end + 1, split.next_value + self._batch_size)
-        values = pa.array(range(split.next_value, stop), type=pa.int64())
+        values = pa.array(np.arange(split.next_value, stop, dtype=np.int64))
         split.next_value = stop
         return pa.RecordBatch.from_arrays([values], names=["value"])
 

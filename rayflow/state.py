@@ -69,9 +69,18 @@ class KeyedStateBackend:
         self._groups: dict[int, dict[str, dict[Any, Any]]] = {}
         self._current_key: Any = None
         self._current_group: dict[str, dict[Any, Any]] | None = None
+        self._group_cache: dict[Any, int] = {}
+
+    _GROUP_CACHE_SIZE = 65_536
 
     def set_current_key(self, key: Any) -> None:
-        group = key_group_of(key, self.max_parallelism)
+        cache = self._group_cache
+        group = cache.get(key)
+        if group is None:
+            group = key_group_of(key, self.max_parallelism)
+            if len(cache) >= self._GROUP_CACHE_SIZE:
+                cache.clear()
+            cache[key] = group
         self._current_key = key
         self._current_group = self._groups.setdefault(group, {})
 

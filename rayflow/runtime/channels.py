@@ -27,7 +27,11 @@ CONTROL = -1
 class InputGate:
     """Bounded, in-order buffers for the input channels of one subtask, plus the
     subtask's mailbox of control messages (channel ``CONTROL``, never blocked, served
-    before data)."""
+    before data).
+
+    Each channel has its own condition, so admitting a message wakes only the pushers
+    of that channel; the reader waits on one condition of its own.
+    """
 
     def __init__(self, num_channels: int, capacity: int) -> None:
         self.num_channels = num_channels
@@ -36,29 +40,32 @@ class InputGate:
         self._buffers: list[deque[Any]] = [deque() for _ in range(num_channels)]
         self._next_seq = [0] * num_channels
         self._blocked = [False] * num_channels
-        self._cond = asyncio.Condition()
+        self._space = [asyncio.Condition() for _ in range(num_channels)]
+        self._available = asyncio.Condition()
         self._cursor = 0
         self._buffered = 0
         self.max_buffered = 0
 
     async def push(self, channel: int, seq: int, item: Any) -> None:
         """Admit message ``seq`` of ``channel`` in order; waits while the buffer is full."""
-        buffers, next_seq, capacity = self._buffers, self._next_seq, self.capacity
-        async with self._cond:
-            await self._cond.wait_for(
-                lambda: next_seq[channel] == seq and len(buffers[channel]) < capacity
-            )
-            buffers[channel].append(item)
+        buffer, next_seq, capacity = self._buffers[channel], self._next_seq, self.capacity
+        space = self._space[channel]
+        async with space:
+            if not (next_seq[channel] == seq and len(buffer) < capacity):
+                await space.wait_for(lambda: next_seq[channel] == seq and len(buffer) < capacity)
+            buffer.append(item)
             next_seq[channel] = seq + 1
-            self._buffered += 1
-            if self._buffered > self.max_buffered:
-                self.max_buffered = self._buffered
-            self._cond.notify_all()
+            space.notify_all()
+        self._buffered += 1
+        if self._buffered > self.max_buffered:
+            self.max_buffered = self._buffered
+        async with self._available:
+            self._available.notify()
 
     async def put_control(self, item: Any) -> None:
-        async with self._cond:
-            self._control.append(item)
-            self._cond.notify_all()
+        self._control.append(item)
+        async with self._available:
+            self._available.notify()
 
     def poll_control(self) -> Any | None:
         """The oldest control message, or None (never waits)."""
@@ -77,30 +84,34 @@ class InputGate:
 
     async def next(self) -> tuple[int, Any]:
         """The next message from any unblocked channel (round robin)."""
-        async with self._cond:
-            channel = self._pick()
-            while channel is None:
-                await self._cond.wait()
+        channel = self._pick()
+        if channel is None:
+            async with self._available:
                 channel = self._pick()
-            if channel == CONTROL:
-                return CONTROL, self._control.popleft()
-            item = self._buffers[channel].popleft()
-            self._buffered -= 1
-            self._cond.notify_all()
-            return channel, item
+                while channel is None:
+                    await self._available.wait()
+                    channel = self._pick()
+        if channel == CONTROL:
+            return CONTROL, self._control.popleft()
+        item = self._buffers[channel].popleft()
+        self._buffered -= 1
+        space = self._space[channel]
+        async with space:
+            space.notify_all()
+        return channel, item
 
     def block(self, channel: int) -> None:
         """Stop delivering ``channel`` (barrier alignment); pushes still buffer up to capacity."""
         self._blocked[channel] = True
 
     def unblock_sync(self) -> None:
-        """Unblock every channel; waiters notice at the next gate operation."""
+        """Unblock every channel; a waiting reader notices at the next admission."""
         self._blocked = [False] * self.num_channels
 
     async def unblock_all(self) -> None:
-        async with self._cond:
-            self._blocked = [False] * self.num_channels
-            self._cond.notify_all()
+        self._blocked = [False] * self.num_channels
+        async with self._available:
+            self._available.notify()
 
     def buffered(self) -> int:
         return self._buffered

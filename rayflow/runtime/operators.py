@@ -31,7 +31,7 @@ from rayflow.functions import (
     ReduceFunction,
     RuntimeContext,
 )
-from rayflow.keygroups import key_groups_of_subtask
+from rayflow.keygroups import key_group_of, key_groups_of_array, key_groups_of_subtask
 from rayflow.plan.partitioners import KeySelector
 from rayflow.sink import Sink, SinkContext
 from rayflow.state import KeyedStateBackend
@@ -269,11 +269,14 @@ class KeyedAggregateOperator(_KeyedOperator):
         else:
             keys, partials = self._partials_per_record(batch)
         combine = _AGGREGATIONS[self.aggregation][1]
-        backend, name = self.backend, self.state_name
+        backend, name, maxp = self.backend, self.state_name, self.context.max_parallelism
+        if key_column is not None:
+            groups = key_groups_of_array(pa.array(keys), maxp).tolist()
+        else:
+            groups = [key_group_of(k, maxp) for k in keys]
         totals = []
-        for key, partial in zip(keys, partials):
-            backend.set_current_key(key)
-            table = backend.table(name)
+        for key, group, partial in zip(keys, groups, partials):
+            table = backend.table_for_group(group, name)
             previous = table.get(key)
             total = partial if previous is None else combine(previous, partial)
             table[key] = total

@@ -271,9 +271,9 @@ def test_slow_sink_keeps_batches_in_flight_bounded():
     # the hands of each of the two downstream subtasks.
     bound_rows = 2 * (capacity + window + 1) * batch_rows
     gaps = []
-    named = []
+    named: set[str] = set()
     while client.get_job_status() in ("CREATED", "RUNNING"):
-        named = named or _live_actors_of(client.job_id)
+        named |= {n for n in _live_actors_of(client.job_id) if ":v" in n}
         metrics = {m["vertex"]: m for m in client.metrics()}
         if len(metrics) == 3:
             source_out = metrics["Source"]["records_out"]
