@@ -72,8 +72,13 @@ def steady_rate(arrivals: list[tuple[float, int]], rows_in: int) -> float:
     return 0.8 * rows_in / (hi - lo) if hi > lo else float("nan")
 
 
-def run_job(rows: int, mode: CheckpointingMode | None, interval_ms: int,
-            plan: FaultPlan | None = None, storage: str | None = None):
+def run_job(
+    rows: int,
+    mode: CheckpointingMode | None,
+    interval_ms: int,
+    plan: FaultPlan | None = None,
+    storage: str | None = None,
+):
     env = StreamExecutionEnvironment.get_execution_environment().set_parallelism(2)
     if mode is not None:
         env.enable_checkpointing(interval_ms, mode)
@@ -105,12 +110,14 @@ def main() -> int:
     parser.add_argument("--recoveries", type=int, default=3)
     args = parser.parse_args()
     print("command: python " + " ".join(shlex.quote(a) for a in sys.argv))
-    ray.init(address="local", include_dashboard=False, logging_level="ERROR",
-             log_to_driver=False)
+    ray.init(address="local", include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     run_job(100_000, None, args.interval_ms)  # warm-up
 
-    configs = [("off", None), ("AT_LEAST_ONCE", CheckpointingMode.AT_LEAST_ONCE),
-               ("EXACTLY_ONCE", CheckpointingMode.EXACTLY_ONCE)]
+    configs = [
+        ("off", None),
+        ("AT_LEAST_ONCE", CheckpointingMode.AT_LEAST_ONCE),
+        ("EXACTLY_ONCE", CheckpointingMode.EXACTLY_ONCE),
+    ]
     rates: dict[str, list[float]] = {name: [] for name, _ in configs}
     stats: dict[str, list[dict]] = {name: [] for name, _ in configs}
     for _ in range(args.repeat):
@@ -120,36 +127,55 @@ def main() -> int:
             stats[name].extend(c for c in result.completed_checkpoints if not c["final"])
 
     base = statistics.median(rates["off"])
-    print(f"\n### Throughput, keyed running sum, parallelism 2, 10k-row batches, "
-          f"{args.rows:,} rows, checkpoint interval {args.interval_ms} ms, "
-          f"median of {args.repeat}\n")
-    print("| checkpointing | steady rows/s | range | vs off | checkpoints | "
-          "duration mean / p99 (ms) | alignment mean / p99 (ms) |")
+    print(
+        f"\n### Throughput, keyed running sum, parallelism 2, 10k-row batches, "
+        f"{args.rows:,} rows, checkpoint interval {args.interval_ms} ms, "
+        f"median of {args.repeat}\n"
+    )
+    print(
+        "| checkpointing | steady rows/s | range | vs off | checkpoints | "
+        "duration mean / p99 (ms) | alignment mean / p99 (ms) |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|")
     for name, _ in configs:
         r = rates[name]
         durations = [c["duration_s"] * 1000 for c in stats[name]]
-        aligns = [s["alignment_s"] * 1000 for c in stats[name] for s in c["subtasks"].values()
-                  if s["alignment_s"] is not None]
-        ckpt = (f"{statistics.mean(durations):.0f} / {pct(durations, 99):.0f}"
-                if durations else "-")
+        aligns = [
+            s["alignment_s"] * 1000
+            for c in stats[name]
+            for s in c["subtasks"].values()
+            if s["alignment_s"] is not None
+        ]
+        ckpt = f"{statistics.mean(durations):.0f} / {pct(durations, 99):.0f}" if durations else "-"
         align = f"{statistics.mean(aligns):.1f} / {pct(aligns, 99):.1f}" if aligns else "-"
-        print(f"| {name} | {statistics.median(r):,.0f} | {min(r):,.0f}-{max(r):,.0f} | "
-              f"{statistics.median(r) / base:.1%} | {len(stats[name])} | {ckpt} | {align} |")
+        print(
+            f"| {name} | {statistics.median(r):,.0f} | {min(r):,.0f}-{max(r):,.0f} | "
+            f"{statistics.median(r) / base:.1%} | {len(stats[name])} | {ckpt} | {align} |"
+        )
 
     recoveries: list[float] = []
     for i in range(args.recoveries):
-        plan = FaultPlan([Fault(FaultPoint.AFTER_RECORDS, attempt=0, subtask=i % 2,
-                                vertex="Sum", records=args.rows // 6)])
-        result, _ = run_job(args.rows // 2, CheckpointingMode.EXACTLY_ONCE, args.interval_ms,
-                            plan)
+        plan = FaultPlan(
+            [
+                Fault(
+                    FaultPoint.AFTER_RECORDS,
+                    attempt=0,
+                    subtask=i % 2,
+                    vertex="Sum",
+                    records=args.rows // 6,
+                )
+            ]
+        )
+        result, _ = run_job(args.rows // 2, CheckpointingMode.EXACTLY_ONCE, args.interval_ms, plan)
         recoveries.extend(result.recovery_times_s)
     print("\n### Recovery: SIGKILL of a keyed subtask, restart delay 0\n")
     print("| recoveries | mean (s) | min (s) | max (s) |")
     print("|---:|---:|---:|---:|")
     if recoveries:
-        print(f"| {len(recoveries)} | {statistics.mean(recoveries):.2f} | "
-              f"{min(recoveries):.2f} | {max(recoveries):.2f} |")
+        print(
+            f"| {len(recoveries)} | {statistics.mean(recoveries):.2f} | "
+            f"{min(recoveries):.2f} | {max(recoveries):.2f} |"
+        )
     return 0
 
 

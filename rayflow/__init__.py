@@ -4,6 +4,12 @@ The public surface is what ``__all__`` lists; everything under
 ``rayflow.runtime``, ``rayflow.plan`` and ``rayflow.checkpoint`` is internal.
 """
 
+from rayflow.config import (
+    CheckpointConfig,
+    CheckpointingMode,
+    RestartStrategies,
+    RestartStrategy,
+)
 from rayflow.datastream import DataStream, DataStreamSink, KeyedStream
 from rayflow.environment import JobClient, JobResult, StreamExecutionEnvironment
 from rayflow.errors import JobCancelledError, JobFailedError, OperatorError
@@ -16,7 +22,14 @@ from rayflow.functions import (
     RuntimeContext,
 )
 from rayflow.guarantees import DeliveryGuarantee
-from rayflow.sink import Sink, SinkContext, SinkWriter
+from rayflow.sink import (
+    RollingPolicy,
+    Sink,
+    SinkContext,
+    SinkWriter,
+    TwoPhaseCommittingSink,
+    UnsupportedGuaranteeError,
+)
 from rayflow.sources import CollectionSource, FileSource, NumberSequenceSource, Source
 from rayflow.state import (
     ListState,
@@ -59,6 +72,13 @@ __all__ = [
     "Sink",
     "SinkWriter",
     "SinkContext",
+    "TwoPhaseCommittingSink",
+    "RollingPolicy",
+    "UnsupportedGuaranteeError",
+    "CheckpointConfig",
+    "CheckpointingMode",
+    "RestartStrategies",
+    "RestartStrategy",
     "DeliveryGuarantee",
     "JobFailedError",
     "JobCancelledError",

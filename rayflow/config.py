@@ -7,7 +7,6 @@ import enum
 import math
 import os
 import tempfile
-
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -173,7 +172,9 @@ class _ExponentialDelay(RestartStrategy):
             return None
         self._used += 1
         self._current = (
-            self.initial_s if not self._current else min(self.max_s, self._current * self.multiplier)
+            self.initial_s
+            if not self._current
+            else min(self.max_s, self._current * self.multiplier)
         )
         return self._current
 
@@ -206,7 +207,9 @@ class RestartStrategies:
         return _NoRestart()
 
     @staticmethod
-    def fixed_delay_restart(restart_attempts: int, delay_between_attempts_ms: int) -> RestartStrategy:
+    def fixed_delay_restart(
+        restart_attempts: int, delay_between_attempts_ms: int
+    ) -> RestartStrategy:
         return _FixedDelay(restart_attempts, delay_between_attempts_ms / 1000.0)
 
     @staticmethod
@@ -237,5 +240,3 @@ def default_restart_strategy(checkpointing: bool) -> RestartStrategy:
     if checkpointing:
         return _FixedDelay(math.inf, 1.0)
     return _NoRestart()
-
-

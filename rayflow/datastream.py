@@ -88,8 +88,9 @@ class DataStream:
 
     # --- transformations -----------------------------------------------------------------
 
-    def _add(self, name: str, factory: Callable[[], Any], kind: str = "operator",
-             sink: Any = None) -> Transformation:
+    def _add(
+        self, name: str, factory: Callable[[], Any], kind: str = "operator", sink: Any = None
+    ) -> Transformation:
         return self._env._plan.add(
             name=name,
             kind=kind,
@@ -98,7 +99,9 @@ class DataStream:
             sink=sink,
         )
 
-    def map(self, func: Callable[[dict[str, Any]], dict[str, Any]], name: str = "Map") -> DataStream:
+    def map(
+        self, func: Callable[[dict[str, Any]], dict[str, Any]], name: str = "Map"
+    ) -> DataStream:
         return DataStream(self._env, self._add(name, ops.factory(ops.MapOperator, func)))
 
     def flat_map(self, func: Callable[[dict[str, Any]], Any], name: str = "FlatMap") -> DataStream:
@@ -127,7 +130,8 @@ class DataStream:
             raise TypeError(f"sink_to: expected a rayflow Sink, got {type(sink).__name__}")
         name = name or type(sink).__name__
         operator = (
-            TwoPhaseCommitSinkOperator if isinstance(sink, TwoPhaseCommittingSink)
+            TwoPhaseCommitSinkOperator
+            if isinstance(sink, TwoPhaseCommittingSink)
             else ops.SinkOperator
         )
         transformation = self._add(name, ops.factory(operator, sink), "sink", sink)
@@ -148,16 +152,15 @@ class KeyedStream(DataStream):
         return self._partitioner.key
 
     def reduce(self, func: Callable[[dict, dict], dict], name: str = "Reduce") -> DataStream:
-        """Per record, emit ``func(previous result of the key, record)`` (the record itself first)."""
+        """Per record, emit ``func(previous result of its key, record)``; a key's first
+        record is emitted as it is."""
         return DataStream(
             self._env, self._add(name, ops.factory(ops.KeyedReduceOperator, self._key, func))
         )
 
     def process(self, func: KeyedProcessFunction, name: str = "KeyedProcess") -> DataStream:
         if not isinstance(func, KeyedProcessFunction):
-            raise TypeError(
-                f"process: expected a KeyedProcessFunction, got {type(func).__name__}"
-            )
+            raise TypeError(f"process: expected a KeyedProcessFunction, got {type(func).__name__}")
         return DataStream(
             self._env, self._add(name, ops.factory(ops.KeyedProcessOperator, self._key, func))
         )
@@ -165,9 +168,7 @@ class KeyedStream(DataStream):
     def _aggregate(self, aggregation: str, field: str | None, name: str) -> DataStream:
         return DataStream(
             self._env,
-            self._add(
-                name, ops.factory(ops.KeyedAggregateOperator, self._key, aggregation, field)
-            ),
+            self._add(name, ops.factory(ops.KeyedAggregateOperator, self._key, aggregation, field)),
         )
 
     def sum(self, field: str, name: str = "Sum") -> DataStream:

@@ -24,11 +24,11 @@ from rayflow.config import (
     default_restart_strategy,
 )
 from rayflow.datastream import DataStream
+from rayflow.errors import JobFailedError
+from rayflow.guarantees import DeliveryGuarantee, end_to_end
 from rayflow.keygroups import DEFAULT_MAX_PARALLELISM
 from rayflow.plan.logical import LogicalPlan
 from rayflow.plan.physical import JobGraph, build_job_graph
-from rayflow.errors import JobFailedError
-from rayflow.guarantees import DeliveryGuarantee, end_to_end
 from rayflow.runtime.job_master import JobMaster, JobSettings, _unwrap
 from rayflow.sink import Sink, UnsupportedGuaranteeError
 from rayflow.sources import CollectionSource, Source
@@ -97,9 +97,7 @@ class JobClient:
     the restart strategy allows.
     """
 
-    def __init__(
-        self, job_name: str, job_id: str, graph: JobGraph, settings: JobSettings
-    ) -> None:
+    def __init__(self, job_name: str, job_id: str, graph: JobGraph, settings: JobSettings) -> None:
         self.job_name = job_name
         self.job_id = job_id
         self._graph = graph
@@ -107,9 +105,9 @@ class JobClient:
         self._result: JobResult | None = None
         self._guarantees: dict[str, str] = {}
         self._master_restarts = 0
-        self._master_strategy = copy.deepcopy(settings.restart_strategy) or default_restart_strategy(
-            settings.checkpointing
-        )
+        self._master_strategy = copy.deepcopy(
+            settings.restart_strategy
+        ) or default_restart_strategy(settings.checkpointing)
         self._start_master()
 
     def _start_master(self) -> None:
@@ -334,8 +332,9 @@ class StreamExecutionEnvironment:
 
     def get_job_graph(self) -> JobGraph:
         """The physical plan; raises if a sink is asked for more than the job can give."""
-        graph = build_job_graph(self._plan, self._parallelism, self._max_parallelism,
-                                self._chaining)
+        graph = build_job_graph(
+            self._plan, self._parallelism, self._max_parallelism, self._chaining
+        )
         for vertex in graph.vertices.values():
             for spec in vertex.operators:
                 sink = _sink_of(spec)
@@ -407,8 +406,10 @@ class StreamExecutionEnvironment:
         text = self.get_job_graph().explain()
         config = self._checkpoint_config
         if config.is_checkpointing_enabled():
-            text += (f"\ncheckpointing: {config.mode.name} every {config.interval_ms} ms "
-                     f"to {config.checkpoint_storage}")
+            text += (
+                f"\ncheckpointing: {config.mode.name} every {config.interval_ms} ms "
+                f"to {config.checkpoint_storage}"
+            )
         else:
             text += "\ncheckpointing: off"
         for name, words in self.guarantees().items():
@@ -450,9 +451,7 @@ class StreamExecutionEnvironment:
     def _load_restore(self, job_name: str, restore_from: str) -> dict[str, Any]:
         config = self._checkpoint_config
         if restore_from == "latest":
-            storage = CheckpointStorage(
-                config.checkpoint_storage, job_name, config.storage_options
-            )
+            storage = CheckpointStorage(config.checkpoint_storage, job_name, config.storage_options)
             checkpoint = None
         else:
             storage, checkpoint = open_checkpoint_path(restore_from, config.storage_options)

@@ -44,8 +44,10 @@ _WORDS = {
 
 def end_to_end(sink_guarantee: DeliveryGuarantee, checkpointing: bool, mode: str | None) -> str:
     """What a job promises, in words, for one sink: never more than holds."""
-    if sink_guarantee is DeliveryGuarantee.EXACTLY_ONCE and checkpointing and (
-        mode == "exactly-once"
+    if (
+        sink_guarantee is DeliveryGuarantee.EXACTLY_ONCE
+        and checkpointing
+        and (mode == "exactly-once")
     ):
         return "exactly-once effect: exactly-once state (aligned checkpoints) + two-phase commit"
     if sink_guarantee is DeliveryGuarantee.AT_LEAST_ONCE and checkpointing:

@@ -105,8 +105,9 @@ class Sink(abc.ABC):
                 f"got {delivery_guarantee!r}"
             )
         if delivery_guarantee not in self.supported_guarantees:
-            raise UnsupportedGuaranteeError(_unsupported(type(self).__name__, delivery_guarantee,
-                                                         self.supported_guarantees))
+            raise UnsupportedGuaranteeError(
+                _unsupported(type(self).__name__, delivery_guarantee, self.supported_guarantees)
+            )
         self.delivery_guarantee = delivery_guarantee
 
     def create_writer(self, context: SinkContext) -> SinkWriter:

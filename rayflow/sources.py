@@ -292,9 +292,13 @@ class FileSource(Source):
 
         if self._filesystem is not None:
             return self._filesystem, self.path
-        return pafs.FileSystem.from_uri(self.path) if "://" in self.path else (
-            pafs.LocalFileSystem(),
-            self.path,
+        return (
+            pafs.FileSystem.from_uri(self.path)
+            if "://" in self.path
+            else (
+                pafs.LocalFileSystem(),
+                self.path,
+            )
         )
 
     def create_splits(self, parallelism: int) -> list[SourceSplit]:

@@ -131,8 +131,11 @@ class SubtaskFaults:
     """The faults of one subtask attempt, checked at the protocol's points."""
 
     def __init__(self, faults: list[Fault]) -> None:
-        self.faults = [f for f in faults if f.point not in (
-            FaultPoint.BEFORE_NOTIFY, FaultPoint.JOB_MASTER_BEFORE_NOTIFY)]
+        self.faults = [
+            f
+            for f in faults
+            if f.point not in (FaultPoint.BEFORE_NOTIFY, FaultPoint.JOB_MASTER_BEFORE_NOTIFY)
+        ]
         self.record_threshold = min(
             (f.records for f in self.faults if f.point is FaultPoint.AFTER_RECORDS),
             default=None,

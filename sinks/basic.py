@@ -112,8 +112,9 @@ class CollectSink(TwoPhaseCommittingSink):
         return self._collector
 
     def begin_transaction(self, context: SinkContext, sequence: int) -> _Buffer:
-        return _Buffer(f"{self.transaction_prefix(context)}{sequence}", context.subtask_index,
-                       sequence)
+        return _Buffer(
+            f"{self.transaction_prefix(context)}{sequence}", context.subtask_index, sequence
+        )
 
     def write(self, transaction: _Buffer, batch: pa.RecordBatch) -> None:
         transaction.batches.append(batch)
@@ -126,8 +127,12 @@ class CollectSink(TwoPhaseCommittingSink):
         return not transaction.batches
 
     def pre_commit(self, transaction: _Buffer) -> tuple[str, int, int, bytes]:
-        return (transaction.txn_id, transaction.subtask, transaction.sequence,
-                _to_ipc(transaction.batches))
+        return (
+            transaction.txn_id,
+            transaction.subtask,
+            transaction.sequence,
+            _to_ipc(transaction.batches),
+        )
 
     def commit(self, committable: tuple[str, int, int, bytes]) -> None:
         collector = self._require()

@@ -50,8 +50,9 @@ def _json_default(value: Any) -> Any:
 
 class JsonLinesEncoder(Encoder):
     def write(self, batch: pa.RecordBatch) -> None:
-        lines = [json.dumps(r, default=_json_default, separators=(",", ":")) for r in
-                 batch.to_pylist()]
+        lines = [
+            json.dumps(r, default=_json_default, separators=(",", ":")) for r in batch.to_pylist()
+        ]
         if lines:
             self.stream.write(("\n".join(lines) + "\n").encode("utf-8"))
 
@@ -65,8 +66,7 @@ class CsvEncoder(Encoder):
         import pyarrow.csv as pcsv
 
         buffer = io.BytesIO()
-        pcsv.write_csv(batch, buffer,
-                       pcsv.WriteOptions(include_header=not self._header_written))
+        pcsv.write_csv(batch, buffer, pcsv.WriteOptions(include_header=not self._header_written))
         self._header_written = True
         self.stream.write(buffer.getvalue())
 

@@ -162,8 +162,10 @@ class CheckpointCoordinator:
         pending = self.pending
         if pending is not None and pending.checkpoint_id == cid:
             missing = sorted(pending.expected - set(pending.acks))
-            await self._abort(pending, f"timed out after {self.config.timeout_ms} ms "
-                                       f"waiting for subtasks {missing}")
+            await self._abort(
+                pending,
+                f"timed out after {self.config.timeout_ms} ms waiting for subtasks {missing}",
+            )
 
     # --- acknowledgements ---------------------------------------------------------------
 
@@ -216,7 +218,8 @@ class CheckpointCoordinator:
             if fault.point is FaultPoint.JOB_MASTER_BEFORE_NOTIFY:
                 os.kill(os.getpid(), signal.SIGKILL)
             target = [
-                k for k in self.tasks
+                k
+                for k in self.tasks
                 if k[1] == fault.subtask
                 and (fault.vertex is None or fault.vertex in self.graph.vertices[k[0]].name)
             ]
@@ -283,7 +286,10 @@ class CheckpointCoordinator:
         }
 
     def _record(
-        self, pending: PendingCheckpoint, status: str, reason: str | None,
+        self,
+        pending: PendingCheckpoint,
+        status: str,
+        reason: str | None,
         completed_at: float | None = None,
     ) -> None:
         end = completed_at or time.time()
@@ -299,8 +305,8 @@ class CheckpointCoordinator:
                 "failure": reason,
                 "subtasks": {
                     f"{self.graph.vertices[k[0]].name}#{k[1]}": {
-                        n: a.get(n) for n in
-                        ("start_delay_s", "alignment_s", "sync_s", "async_s", "size")
+                        n: a.get(n)
+                        for n in ("start_delay_s", "alignment_s", "sync_s", "async_s", "size")
                     }
                     for k, a in pending.acks.items()
                 },

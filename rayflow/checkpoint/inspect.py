@@ -21,8 +21,9 @@ class CheckpointSummary:
     subtasks: int
 
 
-def summarize(storage: CheckpointStorage, checkpoint_id: int, per_operator: bool = True
-              ) -> CheckpointSummary:
+def summarize(
+    storage: CheckpointStorage, checkpoint_id: int, per_operator: bool = True
+) -> CheckpointSummary:
     meta = storage.load_metadata(checkpoint_id)
     operator_sizes: dict[str, int] = {}
     if per_operator:

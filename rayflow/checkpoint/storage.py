@@ -49,7 +49,7 @@ class CheckpointStorage:
         if self._fs is None:
             root = self.root
             if root.startswith("s3://"):
-                path = root[len("s3://"):]
+                path = root[len("s3://") :]
                 fs: pafs.FileSystem = pafs.S3FileSystem(**self.options)
             elif "://" in root:
                 fs, path = pafs.FileSystem.from_uri(root)
@@ -137,9 +137,9 @@ class CheckpointStorage:
             pass
 
 
-def open_checkpoint_path(path: str, options: dict[str, Any] | None = None) -> tuple[
-    CheckpointStorage, int | None
-]:
+def open_checkpoint_path(
+    path: str, options: dict[str, Any] | None = None
+) -> tuple[CheckpointStorage, int | None]:
     """A storage for a path given by a user: a job directory or one ``chk-<n>`` in it."""
     path = path.rstrip("/")
     tail = path.rsplit("/", 1)

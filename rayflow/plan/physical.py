@@ -96,7 +96,9 @@ class JobGraph:
             for eid in v.out_edges:
                 e = self.edges[eid]
                 target = self.vertices[e.target_vertex]
-                lines.append(f"    --{e.partitioner.describe()}--> [{target.vertex_id}] {target.name}")
+                lines.append(
+                    f"    --{e.partitioner.describe()}--> [{target.vertex_id}] {target.name}"
+                )
         return "\n".join(lines)
 
 
@@ -201,8 +203,9 @@ def _parallelism_of(
     if t.parallelism is not None:
         return t.parallelism
     if t.kind == "union":
-        return max(_parallelism_of(transformations[e.upstream], transformations, default)
-                   for e in t.inputs)
+        return max(
+            _parallelism_of(transformations[e.upstream], transformations, default) for e in t.inputs
+        )
     return default
 
 
@@ -213,12 +216,17 @@ def _resolve_inputs(
     for edge in t.inputs:
         upstream = transformations[edge.upstream]
         if upstream.kind != "union":
-            resolved.append(InputEdge(edge.upstream, PartitionerSpec(edge.partitioner.kind,
-                                                                       edge.partitioner.key)))
+            resolved.append(
+                InputEdge(
+                    edge.upstream, PartitionerSpec(edge.partitioner.kind, edge.partitioner.key)
+                )
+            )
             continue
         for inner in _resolve_inputs(upstream, transformations):
-            spec = edge.partitioner if edge.partitioner.kind is not PartitionKind.DEFAULT else (
-                inner.partitioner
+            spec = (
+                edge.partitioner
+                if edge.partitioner.kind is not PartitionKind.DEFAULT
+                else (inner.partitioner)
             )
             resolved.append(InputEdge(inner.upstream, PartitionerSpec(spec.kind, spec.key)))
     return resolved

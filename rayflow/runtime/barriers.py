@@ -62,9 +62,7 @@ class AlignedBarrierHandler:
         if len(self._received) < self.gate.num_channels:
             self.gate.block(channel)
             return None
-        self.last_timing = AlignmentTiming(
-            cid, self._start_delay, time.time() - self._first_at
-        )
+        self.last_timing = AlignmentTiming(cid, self._start_delay, time.time() - self._first_at)
         self.state = AlignmentState.WAITING
         self._received = set()
         return barrier

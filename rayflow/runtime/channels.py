@@ -20,7 +20,6 @@ from typing import Any
 
 import ray
 
-
 CONTROL = -1
 
 

@@ -199,8 +199,9 @@ class JobMaster:
             except _AttemptFailed as failed:
                 cause = str(failed)
                 self.failures.append(cause)
-                log.warning("job %r attempt %d failed: %s", self.settings.job_name,
-                            self.attempt, cause)
+                log.warning(
+                    "job %r attempt %d failed: %s", self.settings.job_name, self.attempt, cause
+                )
                 failed_at = time.time()
                 await self._stop_attempt()
                 delay = self.restart_strategy.next_delay_s(failed_at)
@@ -346,8 +347,10 @@ class JobMaster:
                         OutputDeployment(
                             partitioner=edge.partitioner,
                             receivers=[
-                                (actors[(target.vertex_id, r)],
-                                 graph.channel_index(edge_id, index, r))
+                                (
+                                    actors[(target.vertex_id, r)],
+                                    graph.channel_index(edge_id, index, r),
+                                )
                                 for r in receivers
                             ],
                         )
@@ -377,9 +380,7 @@ class JobMaster:
                 ).remote(deployment)
         self.actors = actors
 
-    def _source_splits(
-        self, vertex: Any, restore: CompletedCheckpoint | None
-    ) -> list[list[Any]]:
+    def _source_splits(self, vertex: Any, restore: CompletedCheckpoint | None) -> list[list[Any]]:
         per_subtask: list[list[Any]] = [[] for _ in range(vertex.parallelism)]
         saved = restore.metadata["source_splits"].get(vertex.source_uid) if restore else None
         if saved is not None:
@@ -390,9 +391,7 @@ class JobMaster:
             per_subtask[i % vertex.parallelism].append(split)
         return per_subtask
 
-    def _state_handles(
-        self, vertex: Any, restore: CompletedCheckpoint | None
-    ) -> list[StateHandle]:
+    def _state_handles(self, vertex: Any, restore: CompletedCheckpoint | None) -> list[StateHandle]:
         if restore is None:
             return []
         uids = {op.uid for op in vertex.operators}

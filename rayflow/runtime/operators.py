@@ -177,7 +177,9 @@ class _KeyedOperator(_UserFunctionOperator):
         Operator.open(self, context)
         self.backend = KeyedStateBackend(
             context.max_parallelism,
-            key_groups_of_subtask(context.subtask_index, context.parallelism, context.max_parallelism),
+            key_groups_of_subtask(
+                context.subtask_index, context.parallelism, context.max_parallelism
+            ),
         )
         _call_open(self.function, self._runtime_context(self.backend))
 
@@ -262,7 +264,8 @@ class KeyedAggregateOperator(_KeyedOperator):
         key_column = self.key.column
         if self.field is not None and self.field not in batch.schema.names:
             raise KeyError(
-                f"{self.aggregation}({self.field!r}): no such column (columns: {batch.schema.names})"
+                f"{self.aggregation}({self.field!r}): no such column "
+                f"(columns: {batch.schema.names})"
             )
         if key_column is not None:
             keys, partials = self._partials_vectorized(batch, key_column)
@@ -288,9 +291,7 @@ class KeyedAggregateOperator(_KeyedOperator):
         table = pa.Table.from_batches([batch])
         arrow_agg = _AGGREGATIONS[self.aggregation][0]
         if self.aggregation == "count":
-            grouped = table.group_by(key_column, use_threads=False).aggregate(
-                [([], "count_all")]
-            )
+            grouped = table.group_by(key_column, use_threads=False).aggregate([([], "count_all")])
             partial_column = "count_all"
         else:
             grouped = table.group_by(key_column, use_threads=False).aggregate(

@@ -69,10 +69,10 @@ class TwoPhaseCommitSinkOperator(Operator):
             self.next_sequence += 1
             self.opened_at = time.monotonic()
         self.sink.write(self.transaction, batch)
-        if (self.max_size is not None and self.sink.transaction_size(self.transaction)
-                >= self.max_size) or (
-            self.max_open_s is not None and time.monotonic() - self.opened_at >= self.max_open_s
-        ):
+        if (
+            self.max_size is not None
+            and self.sink.transaction_size(self.transaction) >= self.max_size
+        ) or (self.max_open_s is not None and time.monotonic() - self.opened_at >= self.max_open_s):
             self._roll()
         return []
 
@@ -142,8 +142,12 @@ class TwoPhaseCommitSinkOperator(Operator):
             if self.faults is not None and aborted:
                 self.faults.at(FaultPoint.SINK_DURING_ABORT)
         if aborted:
-            log.info("%s: aborted %d lingering transaction(s) after restoring checkpoint %d",
-                     self.context.operator_name, aborted, checkpoint_id)
+            log.info(
+                "%s: aborted %d lingering transaction(s) after restoring checkpoint %d",
+                self.context.operator_name,
+                aborted,
+                checkpoint_id,
+            )
 
     def _commit(self, committable: Any) -> None:
         delay = COMMIT_BACKOFF_S
@@ -157,8 +161,12 @@ class TwoPhaseCommitSinkOperator(Operator):
                         f"commit of {self.sink.committable_id(committable)} failed after "
                         f"{COMMIT_RETRIES} retries: {type(exc).__name__}: {exc}"
                     ) from exc
-                log.warning("commit of %s failed (%s); retrying in %.1f s",
-                            self.sink.committable_id(committable), exc, delay)
+                log.warning(
+                    "commit of %s failed (%s); retrying in %.1f s",
+                    self.sink.committable_id(committable),
+                    exc,
+                    delay,
+                )
                 time.sleep(delay)
                 delay *= 2
         self.committed += 1

@@ -131,8 +131,9 @@ class SubtaskActor:
         self.attempt = deployment.attempt
         self.gate = InputGate(deployment.num_input_channels, deployment.channel_capacity)
         self.writers = [
-            _RecordWriter(o, self.index, self.attempt, deployment.send_window,
-                          vertex.max_parallelism)
+            _RecordWriter(
+                o, self.index, self.attempt, deployment.send_window, vertex.max_parallelism
+            )
             for o in deployment.outputs
         ]
         self.operators: list[Operator] = [spec.factory() for spec in vertex.operators]
@@ -361,7 +362,9 @@ class SubtaskActor:
 
     async def _on_control(self, item: Any) -> None:
         if isinstance(item, _Trigger):
-            await self._checkpoint(CheckpointBarrier(item.checkpoint_id, item.timestamp, item.final))
+            await self._checkpoint(
+                CheckpointBarrier(item.checkpoint_id, item.timestamp, item.final)
+            )
         elif isinstance(item, _Complete):
             for old in [c for c in self._blobs if c < item.checkpoint_id]:
                 del self._blobs[old]
@@ -429,8 +432,9 @@ class SubtaskActor:
             await writer.broadcast(barrier)
         self.metrics_["checkpoints"] += 1
         info = {
-            "start_delay_s": timing.start_delay_s if timing and timing.checkpoint_id == cid else
-            max(0.0, started - barrier.timestamp),
+            "start_delay_s": timing.start_delay_s
+            if timing and timing.checkpoint_id == cid
+            else max(0.0, started - barrier.timestamp),
             "alignment_s": timing.alignment_s if timing and timing.checkpoint_id == cid else 0.0,
             "sync_s": sync_s,
             "size": len(blob),

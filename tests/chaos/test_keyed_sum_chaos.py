@@ -28,7 +28,15 @@ BATCH = 5000
 @pytest.mark.chaos
 @pytest.mark.parametrize("seed", [11, 23])
 def test_exactly_once_state_survives_seeded_kills(seed, tmp_path):
-    plan = FaultPlan.random(seed, kills=3, parallelism=P, max_records=N // 3)
+    # one kill at each point: after N records, during alignment, after a snapshot, and
+    # between a checkpoint's commit point and its notification
+    plan = FaultPlan.random(seed, kills=4, parallelism=P, max_records=N // 3)
+    assert {f.point for f in plan.faults} == {
+        FaultPoint.AFTER_RECORDS,
+        FaultPoint.DURING_ALIGNMENT,
+        FaultPoint.AFTER_SNAPSHOT,
+        FaultPoint.BEFORE_NOTIFY,
+    }
     env, sink = build_keyed_sum(N, P, BATCH, storage=str(tmp_path), plan=plan)
     result = env.execute(unique_job(f"eo-{seed}"))
     got = outcome(result, sink)
@@ -53,19 +61,25 @@ def test_at_least_once_loses_nothing(tmp_path):
     # key may count some records twice, and the sink may commit some rows twice.
     assert all(got.sums[k] >= exact[k] for k in exact)
     over = sum(1 for k in exact if got.sums[k] > exact[k])
-    print(f"AT_LEAST_ONCE: {over} of {len(exact)} keys counted some records twice; "
-          f"{got.rows} rows committed vs {expected_rows(N, P, BATCH)} exactly-once")
+    print(
+        f"AT_LEAST_ONCE: {over} of {len(exact)} keys counted some records twice; "
+        f"{got.rows} rows committed vs {expected_rows(N, P, BATCH)} exactly-once"
+    )
     assert got.rows >= expected_rows(N, P, BATCH)
 
 
 @pytest.mark.chaos
 def test_checkpointing_off_fails_the_job_by_default():
-    from sinks.basic import CollectSink
     from rayflow import DeliveryGuarantee
+    from sinks.basic import CollectSink
 
     plan = FaultPlan([Fault(FaultPoint.AFTER_RECORDS, attempt=0, records=50_000)])
     env, sink = build_keyed_sum(
-        200_000, P, BATCH, checkpoint_ms=None, plan=plan,
+        200_000,
+        P,
+        BATCH,
+        checkpoint_ms=None,
+        plan=plan,
         sink=CollectSink(DeliveryGuarantee.NONE),
     )
     env.set_restart_strategy(RestartStrategies.no_restart())
@@ -78,13 +92,14 @@ def test_checkpointing_off_with_restarts_starts_over_from_scratch():
     """Defined behaviour without checkpoints: a restart replays all input into empty
     state. Final totals are right, but what the sink committed before the failure
     stays, so rows may repeat (at-most-once per attempt, no exactly-once effect)."""
-    from sinks.basic import CollectSink
     from rayflow import DeliveryGuarantee
     from rayflow.sink import RollingPolicy
+    from sinks.basic import CollectSink
 
     n = 200_000
-    plan = FaultPlan([Fault(FaultPoint.AFTER_RECORDS, attempt=0, subtask=1, records=80_000,
-                            vertex="committed")])
+    plan = FaultPlan(
+        [Fault(FaultPoint.AFTER_RECORDS, attempt=0, subtask=1, records=80_000, vertex="committed")]
+    )
     sink = CollectSink(DeliveryGuarantee.NONE, RollingPolicy(max_part_size=1))
     env, sink = build_keyed_sum(n, P, BATCH, checkpoint_ms=None, plan=plan, sink=sink)
     result = env.execute(unique_job("off-restart"))
@@ -96,9 +111,11 @@ def test_checkpointing_off_with_restarts_starts_over_from_scratch():
 
 @pytest.mark.chaos
 def test_job_master_killed_between_commit_point_and_notification(tmp_path):
-    plan = FaultPlan([
-        Fault(FaultPoint.JOB_MASTER_BEFORE_NOTIFY, attempt=0, checkpoint=2),
-    ])
+    plan = FaultPlan(
+        [
+            Fault(FaultPoint.JOB_MASTER_BEFORE_NOTIFY, attempt=0, checkpoint=2),
+        ]
+    )
     env, sink = build_keyed_sum(N, P, BATCH, storage=str(tmp_path), plan=plan)
     result = env.execute(unique_job("master-kill"))
     got = outcome(result, sink)

@@ -17,8 +17,9 @@ N = 200_000
 
 @pytest.mark.parametrize("mode", [CheckpointingMode.EXACTLY_ONCE, CheckpointingMode.AT_LEAST_ONCE])
 def test_periodic_and_final_checkpoints_are_recorded(mode, tmp_path):
-    env, sink = build_keyed_sum(N, 2, 5000, rate=200_000, checkpoint_ms=150, mode=mode,
-                                storage=str(tmp_path))
+    env, sink = build_keyed_sum(
+        N, 2, 5000, rate=200_000, checkpoint_ms=150, mode=mode, storage=str(tmp_path)
+    )
     env.get_checkpoint_config().set_num_retained_checkpoints(2)
     job = unique_job("stats")
     result = env.execute(job)
@@ -43,8 +44,7 @@ def test_periodic_and_final_checkpoints_are_recorded(mode, tmp_path):
 
 def test_resume_from_a_retained_checkpoint_of_a_cancelled_run(tmp_path, capsys):
     job = unique_job("resume")
-    env, sink = build_keyed_sum(N, 2, 5000, rate=50_000, checkpoint_ms=100,
-                                storage=str(tmp_path))
+    env, sink = build_keyed_sum(N, 2, 5000, rate=50_000, checkpoint_ms=100, storage=str(tmp_path))
     client = env.execute_async(job)
     deadline = time.time() + 30
     while time.time() < deadline:
@@ -59,8 +59,9 @@ def test_resume_from_a_retained_checkpoint_of_a_cancelled_run(tmp_path, capsys):
     listing = capsys.readouterr().out
     assert "running-sum" in listing and "numbers" in listing
 
-    env2, _ = build_keyed_sum(N, 2, 5000, rate=None, checkpoint_ms=100,
-                              storage=str(tmp_path), sink=sink)
+    env2, _ = build_keyed_sum(
+        N, 2, 5000, rate=None, checkpoint_ms=100, storage=str(tmp_path), sink=sink
+    )
     result = env2.execute(job, restore_from=str(tmp_path / job))
     assert result.restored_from is not None and result.restored_from >= 2
     got = outcome(result, sink)

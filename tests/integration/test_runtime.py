@@ -12,7 +12,6 @@ import pytest
 import ray
 
 from rayflow import (
-    CollectionSource,
     JobFailedError,
     KeyedProcessFunction,
     ListStateDescriptor,
@@ -181,8 +180,9 @@ def test_every_keyed_state_type_is_scoped_per_key():
         assert row["history"] == values
         assert row["total"] == sum(values)
         expected_seen = collections.Counter(v % 3 for v in values)
-        assert row["seen"] == [{"key": k, "value": v} for k, v in sorted(expected_seen.items())] \
-            or row["seen"] == [[k, v] for k, v in sorted(expected_seen.items())]
+        assert row["seen"] == [
+            {"key": k, "value": v} for k, v in sorted(expected_seen.items())
+        ] or row["seen"] == [[k, v] for k, v in sorted(expected_seen.items())]
 
 
 def test_builtin_count_min_max():
@@ -210,9 +210,9 @@ def test_user_exception_names_operator_and_subtask_and_leaves_no_actor():
         return record
 
     e = env(2)
-    e.from_source(NumberSequenceSource(0, 999, batch_size=50)).map(explode, name="exploder").sink_to(
-        CollectSink()
-    )
+    e.from_source(NumberSequenceSource(0, 999, batch_size=50)).map(
+        explode, name="exploder"
+    ).sink_to(CollectSink())
     client = e.execute_async("failing")
     with pytest.raises(JobFailedError) as info:
         client.wait()
@@ -263,9 +263,9 @@ def test_slow_sink_keeps_batches_in_flight_bounded():
     capacity, window, batch_rows, batches = 2, 2, 100, 300
     e = env(1).disable_operator_chaining().set_buffer_limits(capacity, window)
     sink = SlowSink(0.01)
-    e.from_source(NumberSequenceSource(0, batches * batch_rows - 1, batch_size=batch_rows)).map_batches(
-        lambda b: b, name="relay"
-    ).sink_to(sink, name="slow")
+    e.from_source(
+        NumberSequenceSource(0, batches * batch_rows - 1, batch_size=batch_rows)
+    ).map_batches(lambda b: b, name="relay").sink_to(sink, name="slow")
     client = e.execute_async("backpressure")
     # Per hop at most `window` pushes in flight plus `capacity` buffered, and one batch in
     # the hands of each of the two downstream subtasks.

@@ -16,7 +16,10 @@ def test_stable_hash_is_fixed_across_processes():
     import subprocess
     import sys
 
-    code = "from rayflow.keygroups import stable_hash; print(stable_hash('customer-7'), stable_hash(12345))"
+    code = (
+        "from rayflow.keygroups import stable_hash; "
+        "print(stable_hash('customer-7'), stable_hash(12345))"
+    )
     a = subprocess.check_output([sys.executable, "-c", code], env={"PYTHONHASHSEED": "1"})
     b = subprocess.check_output([sys.executable, "-c", code], env={"PYTHONHASHSEED": "2"})
     assert a == b

@@ -1,0 +1,417 @@
+"""FileSink without Ray: names, the transaction steps, idempotent commit, abort, lingering
+in-progress files, and the sink operator's visibility rules per delivery guarantee."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+
+import cloudpickle
+import pyarrow as pa
+import pyarrow.csv as pcsv
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+import pytest
+
+from rayflow.guarantees import DeliveryGuarantee
+from rayflow.runtime.operators import OperatorContext
+from rayflow.runtime.sink_operator import TwoPhaseCommitSinkOperator
+from rayflow.sink import RollingPolicy, SinkContext, UnsupportedGuaranteeError
+from sinks.files import FileCommittable, FileSink
+
+EO = DeliveryGuarantee.EXACTLY_ONCE
+
+
+def ctx(subtask: int = 0, job: str = "job", uid: str = "files", attempt: int = 0) -> SinkContext:
+    return SinkContext(job, uid, subtask, 2, attempt)
+
+
+def batch(values) -> pa.RecordBatch:
+    return pa.record_batch({"value": pa.array(values, pa.int64())})
+
+
+def visible(directory) -> list[str]:
+    return sorted(n for n in os.listdir(directory) if not n.startswith("."))
+
+
+def hidden(directory) -> list[str]:
+    return sorted(n for n in os.listdir(directory) if n.startswith("."))
+
+
+def write_part(sink: FileSink, values, subtask: int = 0, sequence: int = 0, **kw):
+    txn = sink.begin_transaction(ctx(subtask, **kw), sequence)
+    sink.write(txn, batch(values))
+    return sink.pre_commit(txn)
+
+
+# --- names and options -----------------------------------------------------------------
+
+
+def test_names_are_hidden_until_commit_and_list_in_subtask_then_sequence_order(tmp_path):
+    sink = FileSink(tmp_path, "jsonl", EO)
+    committables = [
+        write_part(sink, [s * 100 + q], subtask=s, sequence=q)
+        for s in (10, 2, 0)
+        for q in (11, 3, 0)
+    ]
+    assert visible(tmp_path) == []
+    assert all(
+        n.startswith(".part-job-files-") and ".jsonl.a0-" in n and n.endswith(".inprogress")
+        for n in hidden(tmp_path)
+    )
+    for c in committables:
+        sink.commit(c)
+    names = visible(tmp_path)
+    assert hidden(tmp_path) == []
+    assert names[0] == "part-job-files-0000-00000000.jsonl"
+    assert names[-1] == "part-job-files-0010-00000011.jsonl"
+    # Name order is subtask order, then sequence order.
+    values = [json.loads((tmp_path / n).read_text())["value"] for n in names]
+    assert values == sorted(values)
+
+
+def test_a_late_writer_of_a_failed_attempt_never_shares_a_file_with_its_successor(tmp_path):
+    sink = FileSink(tmp_path, "jsonl", EO)
+    zombie = sink.begin_transaction(ctx(attempt=0), 4)
+    successor = sink.begin_transaction(ctx(attempt=1), 4)
+    sink.write(successor, batch([1]))
+    sink.write(zombie, batch([666]))  # still running after its attempt was declared failed
+    assert zombie.tmp_path != successor.tmp_path
+    assert zombie.final_path == successor.final_path  # final names stay deterministic
+    c = sink.pre_commit(successor)
+    sink.commit(c)
+    assert read_values(tmp_path) == [1]
+    assert sink.abort_lingering(ctx(attempt=1), []) == 1  # the zombie's part
+    assert hidden(tmp_path) == []
+
+
+def test_two_jobs_in_one_directory_do_not_collide(tmp_path):
+    sink = FileSink(tmp_path, "jsonl", EO)
+    a = write_part(sink, [1], job="job a")
+    b = write_part(sink, [2], job="job b")
+    assert a.final_path != b.final_path
+    assert sink.abort_lingering(ctx(0, job="job a"), []) == 1
+    assert hidden(tmp_path) == [os.path.basename(b.tmp_path)]
+
+
+def test_prefixes_never_merge_distinct_names(tmp_path):
+    sink = FileSink(tmp_path, "jsonl", EO)
+    long = "nightly-aggregation-pipeline-for-customer-accounts-"
+    prefixes = [
+        sink.transaction_prefix(ctx(job=job, uid=uid))
+        for job, uid in [
+            ("job a", "u"),
+            ("job-a", "u"),
+            (long + "1", "u"),
+            (long + "2", "u"),
+            ("job", "a.b"),
+            ("job", "a-b"),
+        ]
+    ]
+    assert len(set(prefixes)) == len(prefixes)
+    assert prefixes[1] == "part-job-a-u-0000-"  # a clean name stays as it is
+    assert prefixes[5] == "part-job-a-b-0000-"
+    assert all(len(p) < 80 for p in prefixes)
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "csv", "parquet"])
+def test_each_format_reads_back(tmp_path, fmt):
+    sink = FileSink(str(tmp_path), fmt, EO)
+    txn = sink.begin_transaction(ctx(), 0)
+    assert sink.is_empty(txn) and sink.transaction_size(txn) == 0
+    sink.write(txn, batch([1, 2, 3]))
+    size1 = sink.transaction_size(txn)
+    sink.write(txn, batch([4, 5]))
+    assert not sink.is_empty(txn)
+    assert sink.transaction_size(txn) > size1 > 0
+    c = sink.pre_commit(txn)
+    assert isinstance(c, FileCommittable)
+    assert c.size == os.path.getsize(c.tmp_path)
+    sink.commit(c)
+    assert c.final_path.endswith(f".{fmt}")
+    if fmt == "jsonl":
+        with open(c.final_path) as f:
+            values = [json.loads(line)["value"] for line in f]
+    elif fmt == "csv":
+        values = pcsv.read_csv(c.final_path).column("value").to_pylist()
+    else:
+        values = pq.read_table(c.final_path).column("value").to_pylist()
+    assert values == [1, 2, 3, 4, 5]
+
+
+def test_empty_transaction_creates_no_file(tmp_path):
+    sink = FileSink(tmp_path, "parquet", EO)
+    txn = sink.begin_transaction(ctx(), 0)
+    sink.write(txn, batch([]))
+    assert sink.is_empty(txn)
+    sink.abort_transaction(txn)
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"format": "xml"}, "format must be one of"),
+        ({"path": ""}, "path"),
+        ({"path": "nosuchscheme://bucket/x"}, "path"),
+    ],
+)
+def test_bad_options_name_the_option(tmp_path, kwargs, match):
+    args = {"path": str(tmp_path), "format": "jsonl", **kwargs}
+    with pytest.raises(ValueError, match=match):
+        FileSink(args.pop("path"), **args)
+
+
+def test_path_that_is_a_file_is_refused(tmp_path):
+    target = tmp_path / "a-file"
+    target.write_text("x")
+    with pytest.raises(ValueError, match="path .* is a file"):
+        FileSink(target)
+
+
+def test_filesystem_must_be_a_pyarrow_filesystem(tmp_path):
+    with pytest.raises(TypeError, match="filesystem"):
+        FileSink(tmp_path, filesystem="local")
+
+
+def test_guarantees_are_checked_by_the_contract(tmp_path):
+    with pytest.raises(TypeError, match="delivery_guarantee"):
+        FileSink(tmp_path, delivery_guarantee="exactly-once")
+    sink = FileSink(tmp_path)
+    assert sink.delivery_guarantee is EO and not sink.guarantee_requested
+    assert issubclass(UnsupportedGuaranteeError, ValueError)
+
+
+def test_uri_and_subtree_filesystem(tmp_path):
+    by_uri = FileSink(f"file://{tmp_path}/out", "jsonl", EO)
+    by_uri.commit(write_part(by_uri, [1]))
+    subtree = pafs.SubTreeFileSystem(str(tmp_path), pafs.LocalFileSystem())
+    in_subtree = FileSink("sub", "jsonl", EO, filesystem=subtree)
+    c = write_part(in_subtree, [2])
+    in_subtree.commit(c)  # the local fsync path resolves through the subtree
+    assert (
+        visible(tmp_path / "out")
+        == visible(tmp_path / "sub")
+        == ["part-job-files-0000-00000000.jsonl"]
+    )
+
+
+def test_sink_pickles_without_open_files(tmp_path):
+    sink = FileSink(tmp_path, "csv", EO)
+    txn = sink.begin_transaction(ctx(), 0)
+    sink.write(txn, batch([1]))
+    copy = pickle.loads(cloudpickle.dumps(sink))
+    assert copy._open == {} and copy.directory == sink.directory
+    sink.abort_transaction(txn)
+
+
+# --- commit ----------------------------------------------------------------------------
+
+
+def test_commit_is_idempotent(tmp_path):
+    sink = FileSink(tmp_path, "jsonl", EO)
+    c = write_part(sink, [1, 2, 3])
+    sink.commit(c)
+    sink.commit(c)  # tmp gone, final present with the right size: already committed
+    assert visible(tmp_path) == [os.path.basename(c.final_path)]
+    assert hidden(tmp_path) == []
+    # A commit repeated by another process (a restored subtask) is success too.
+    pickle.loads(pickle.dumps(sink)).commit(pickle.loads(pickle.dumps(c)))
+
+
+def test_commit_after_the_rename_already_happened_elsewhere(tmp_path):
+    sink = FileSink(tmp_path, "parquet", EO)
+    c = write_part(sink, [7, 8])
+    os.rename(c.tmp_path, c.final_path)  # e.g. a commit that ran before a crash
+    sink.commit(c)
+    assert pq.read_table(c.final_path).column("value").to_pylist() == [7, 8]
+
+
+def test_commit_of_lost_data_is_loud(tmp_path):
+    sink = FileSink(tmp_path, "jsonl", EO)
+    c = write_part(sink, [1])
+    os.remove(c.tmp_path)
+    with pytest.raises(RuntimeError, match="lost"):
+        sink.commit(c)
+
+
+def test_commit_refuses_a_final_file_of_another_size(tmp_path):
+    sink = FileSink(tmp_path, "jsonl", EO)
+    c = write_part(sink, [1])
+    os.remove(c.tmp_path)
+    (tmp_path / os.path.basename(c.final_path)).write_text("something else entirely\n")
+    with pytest.raises(RuntimeError, match="bytes"):
+        sink.commit(c)
+
+
+# --- abort -----------------------------------------------------------------------------
+
+
+def test_abort_deletes_the_in_progress_file_only(tmp_path):
+    sink = FileSink(tmp_path, "jsonl", EO)
+    c = write_part(sink, [1])
+    sink.abort(c)
+    sink.abort(c)  # already gone is success
+    assert os.listdir(tmp_path) == []
+    committed = write_part(sink, [2], sequence=1)
+    sink.commit(committed)
+    sink.abort(committed)  # never touches a committed part
+    assert visible(tmp_path) == [os.path.basename(committed.final_path)]
+
+
+def test_abort_transaction_closes_and_deletes(tmp_path):
+    sink = FileSink(tmp_path, "parquet", EO)
+    txn = sink.begin_transaction(ctx(), 0)
+    sink.write(txn, batch([1, 2]))
+    assert len(hidden(tmp_path)) == 1
+    sink.abort_transaction(txn)
+    assert os.listdir(tmp_path) == []
+
+
+def test_close_drops_open_transactions(tmp_path):
+    sink = FileSink(tmp_path, "jsonl", EO)
+    txn = sink.begin_transaction(ctx(), 0)
+    sink.write(txn, batch([1]))
+    kept = write_part(sink, [2], sequence=1)
+    sink.close()
+    assert hidden(tmp_path) == [os.path.basename(kept.tmp_path)]
+
+
+def test_abort_lingering_keeps_the_listed_ones(tmp_path):
+    sink = FileSink(tmp_path, "jsonl", EO)
+    mine = [write_part(sink, [q], subtask=1, sequence=q) for q in range(4)]
+    other_subtask = write_part(sink, [9], subtask=11, sequence=0)
+    other_uid = write_part(sink, [9], subtask=1, sequence=0, uid="other")
+    committed = write_part(sink, [5], subtask=1, sequence=5)
+    sink.commit(committed)
+    open_txn = sink.begin_transaction(ctx(1), 6)
+    sink.write(open_txn, batch([6]))
+
+    keep = [mine[0], mine[2]]
+    assert sink.abort_lingering(ctx(1), keep) == 3  # mine[1], mine[3], the open one
+    left = set(hidden(tmp_path))
+    assert left == {
+        os.path.basename(c.tmp_path) for c in (mine[0], mine[2], other_subtask, other_uid)
+    }
+    assert visible(tmp_path) == [os.path.basename(committed.final_path)]
+    assert sink.abort_lingering(ctx(1), keep) == 0
+    assert sink.abort_lingering(ctx(1, uid="nothing-here"), []) == 0
+
+
+def test_none_mode_sweeps_parts_left_open_by_an_earlier_attempt(tmp_path):
+    # Without checkpoints the runtime never calls abort_lingering; a NONE sink cleans up
+    # after a killed attempt itself, at its first transaction.
+    none = DeliveryGuarantee.NONE
+    first = FileSink(tmp_path, "jsonl", none)
+    txn = first.begin_transaction(ctx(attempt=0), 0)
+    first.write(txn, batch([1]))  # the process dies with this part open
+    other = first.begin_transaction(ctx(subtask=1, attempt=0), 0)
+    first.write(other, batch([2]))
+    assert len(hidden(tmp_path)) == 2
+
+    again = pickle.loads(cloudpickle.dumps(first))  # the restarted subtask's copy
+    mine = again.begin_transaction(ctx(attempt=1), 5)
+    again.write(mine, batch([3]))
+    # Subtask 0's leftover is gone; subtask 1's is not this subtask's to judge.
+    assert set(hidden(tmp_path)) == {
+        os.path.basename(other.tmp_path),
+        os.path.basename(mine.tmp_path),
+    }
+    second = again.begin_transaction(ctx(attempt=1), 6)  # no second sweep: mine stays
+    again.write(second, batch([4]))
+    assert len(hidden(tmp_path)) == 3
+    again.commit(again.pre_commit(mine))
+    assert read_values(tmp_path) == [3]
+
+
+def test_abort_lingering_on_a_missing_directory(tmp_path):
+    sink = FileSink(tmp_path / "not-yet", "jsonl", EO)
+    assert sink.abort_lingering(ctx(), []) == 0
+
+
+# --- driven by the sink operator -------------------------------------------------------
+
+
+def operator(sink: FileSink, subtask: int = 0, attempt: int = 0) -> TwoPhaseCommitSinkOperator:
+    op = TwoPhaseCommitSinkOperator(sink)
+    op.open(OperatorContext("job", "files", "files", subtask, 2, 128, attempt, checkpointing=True))
+    return op
+
+
+def read_values(directory) -> list[int]:
+    values = []
+    for name in visible(directory):
+        with open(os.path.join(directory, name)) as f:
+            values.extend(json.loads(line)["value"] for line in f)
+    return values
+
+
+def test_none_mode_makes_parts_visible_when_they_roll(tmp_path):
+    sink = FileSink(tmp_path, "jsonl", DeliveryGuarantee.NONE, RollingPolicy(max_part_size=1))
+    op = operator(sink)
+    op.process(batch([1, 2]))
+    assert read_values(tmp_path) == [1, 2]  # visible at once, no checkpoint involved
+    op.process(batch([3]))
+    assert read_values(tmp_path) == [1, 2, 3]
+    assert hidden(tmp_path) == []
+
+
+def test_none_mode_without_size_rolling_commits_at_end_of_input(tmp_path):
+    sink = FileSink(tmp_path, "csv", DeliveryGuarantee.NONE, RollingPolicy(max_part_size=None))
+    op = operator(sink)
+    op.process(batch([1, 2]))
+    op.snapshot_state(1)  # checkpoints play no part in NONE mode
+    assert visible(tmp_path) == []
+    op.end_input()
+    assert len(visible(tmp_path)) == 1 and hidden(tmp_path) == []
+
+
+def test_at_least_once_commits_at_the_barrier(tmp_path):
+    sink = FileSink(tmp_path, "jsonl", DeliveryGuarantee.AT_LEAST_ONCE)
+    op = operator(sink)
+    op.process(batch([1, 2]))
+    assert visible(tmp_path) == []
+    op.snapshot_state(1)
+    assert read_values(tmp_path) == [1, 2]
+
+
+def test_exactly_once_commits_when_the_checkpoint_completes_and_recovers(tmp_path):
+    sink = FileSink(tmp_path, "jsonl", EO, RollingPolicy(max_part_size=None))
+    op = operator(sink)
+    op.recover(0)
+    op.process(batch([1, 2]))
+    state1 = op.snapshot_state(1)
+    op.process(batch([3]))
+    op.snapshot_state(2)  # checkpoint 2 never completes
+    op.process(batch([4]))  # an open transaction
+    assert visible(tmp_path) == [] and len(hidden(tmp_path)) == 3
+    # The subtask dies here, before checkpoint 1's notification: nothing is visible.
+    # A new attempt restores checkpoint 1, commits its part and aborts the rest.
+    state1 = pickle.loads(pickle.dumps(state1))
+    restored = operator(FileSink(tmp_path, "jsonl", EO), attempt=1)
+    restored.restore_state([state1])
+    restored.recover(1)
+    assert read_values(tmp_path) == [1, 2]
+    assert hidden(tmp_path) == []
+    # The replay writes 3 and 4 again under new sequence numbers.
+    restored.process(batch([3, 4]))
+    restored.snapshot_state(2)
+    restored.notify_checkpoint_complete(2)
+    assert read_values(tmp_path) == [1, 2, 3, 4]
+    # A late notification of an old checkpoint, or a repeated one, changes nothing.
+    restored.notify_checkpoint_complete(1)
+    restored.notify_checkpoint_complete(2)
+    assert read_values(tmp_path) == [1, 2, 3, 4]
+
+
+def test_exactly_once_size_rolling_keeps_parts_hidden_until_the_checkpoint(tmp_path):
+    sink = FileSink(tmp_path, "jsonl", EO, RollingPolicy(max_part_size=1))
+    op = operator(sink)
+    for v in range(5):
+        op.process(batch([v]))
+    assert visible(tmp_path) == [] and len(hidden(tmp_path)) == 5
+    op.snapshot_state(7)
+    op.notify_checkpoint_complete(7)
+    assert read_values(tmp_path) == [0, 1, 2, 3, 4]
+    assert len(visible(tmp_path)) == 5 and hidden(tmp_path) == []
