@@ -39,6 +39,7 @@ NONE mode whenever a transaction rolls, independent of checkpoints.
 from __future__ import annotations
 
 import abc
+import hashlib
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -122,6 +123,14 @@ class Sink(abc.ABC):
         return results
 
 
+def _id_part(name: str, limit: int) -> str:
+    clean = re.sub(r"[^A-Za-z0-9-]+", "-", name).strip("-") or "x"
+    if clean != name or len(clean) > limit:
+        digest = hashlib.sha1(name.encode("utf-8")).hexdigest()[:8]
+        clean = f"{clean[: limit - 9]}-{digest}"
+    return clean
+
+
 def _unsupported(name: str, asked: DeliveryGuarantee, supported) -> str:
     best = max(supported, key=lambda g: g.rank)
     return (
@@ -171,10 +180,15 @@ class TwoPhaseCommittingSink(Sink):
         self.rolling_policy = rolling_policy or RollingPolicy.default()
 
     def transaction_prefix(self, context: SinkContext) -> str:
-        """Prefix of every transaction id of one subtask: unique per job, operator, subtask."""
-        job = re.sub(r"[^A-Za-z0-9]+", "-", context.job_name).strip("-")[:40] or "job"
-        uid = re.sub(r"[^A-Za-z0-9]+", "-", context.operator_uid).strip("-")
-        return f"{job}-{uid}-{context.subtask_index}-"
+        """Prefix of every transaction id of one subtask: unique per job, operator, subtask.
+
+        Parts are cleaned to ``[A-Za-z0-9-]`` and joined with ``_`` (which no part
+        contains); a part that had to be changed or shortened carries a hash of the
+        original, so two different names never share a prefix.
+        """
+        job = _id_part(context.job_name, 40)
+        uid = _id_part(context.operator_uid, 40)
+        return f"{job}_{uid}_{context.subtask_index:04d}_"
 
     @abc.abstractmethod
     def begin_transaction(self, context: SinkContext, sequence: int) -> Any:

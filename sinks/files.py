@@ -8,13 +8,16 @@ One transaction is one part file. It is written as a hidden file (leading dot, s
 ``pyarrow.dataset`` and most readers skip it) and renamed to its final name when
 the transaction commits::
 
-    .part-<job>-<operator uid>-<subtask:04d>-<sequence:08d>.<ext>.inprogress
-        -> part-<job>-<operator uid>-<subtask:04d>-<sequence:08d>.<ext>
+    .part-<job>_<operator uid>_<subtask:04d>-<sequence:08d>.<ext>.a<attempt>-<random>.inprogress
+        -> part-<job>_<operator uid>_<subtask:04d>-<sequence:08d>.<ext>
 
 Final names are deterministic: within one job, listing a directory in name order
 gives the committed output in subtask order, then in the order each subtask wrote
 it. The job name and operator uid in the name keep two jobs (or two sinks) writing
-into one directory apart.
+into one directory apart (a short hash is added where a name had to be shortened or
+had characters other than ``[A-Za-z0-9-]``). The job name is the identity: a job run
+again under the same name into the same directory, without restoring, writes the
+same part names again and replaces those files.
 
 * The file is opened at the first write, so an empty transaction leaves no file.
 * ``pre_commit`` closes the encoder (the Parquet footer), closes the file and, on a
@@ -26,7 +29,9 @@ into one directory apart.
   file has the expected size, the part is already committed. When neither exists
   the pre-committed data is gone, and ``commit`` raises.
 * After a restore, ``abort_lingering`` deletes this subtask's in-progress files that
-  the restored checkpoint does not hold.
+  the restored checkpoint does not hold. In NONE mode (where the runtime may run
+  without checkpoints and so never calls it) the first transaction of a subtask
+  attempt does the same: no checkpoint can refer to an uncommitted part there.
 
 Guarantees: EXACTLY_ONCE (parts are published only when the checkpoint that
 pre-committed them completes), AT_LEAST_ONCE (published at every checkpoint barrier
@@ -39,9 +44,12 @@ atomic rename; for S3 prefer ``sinks.s3``, which publishes with a multipart uplo
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import posixpath
+import re
+import uuid
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -107,6 +115,7 @@ class FileSink(TwoPhaseCommittingSink):
         self._local = _local_root(self.filesystem)
         self._job_name: str | None = None
         self._open: dict[str, _PartFile] = {}
+        self._swept: set[SinkContext] = set()
         self._dir_ready = False
         if self._local is not None and os.path.isfile(self._local_path(self.directory)):
             raise ValueError(
@@ -116,25 +125,35 @@ class FileSink(TwoPhaseCommittingSink):
     # --- names ----------------------------------------------------------------------------
 
     def transaction_prefix(self, context: SinkContext) -> str:
-        """``part-<job>-<uid>-<subtask:04d>-``: the zero-padded subtask keeps name order =
-        subtask order, and the trailing dash keeps subtask 1 apart from subtask 11."""
-        base = super().transaction_prefix(context)
-        tail = f"{context.subtask_index}-"
-        if base.endswith(tail):
-            base = base[: -len(tail)]
-        return f"part-{base}{context.subtask_index:04d}-"
+        """``part-<job>_<uid>_<subtask:04d>-``.
+
+        Job name and uid are reduced to ``[A-Za-z0-9-]`` as in the contract's prefix;
+        where that loses something (other characters, a job name longer than 40) a short
+        hash of the original is added, so that "job a" and "job-a", or two long names
+        that share their first 40 characters, never share (and never abort) each other's
+        files. ``_`` separates the parts, so no job/uid/subtask can be read as another
+        (the contract's ``-`` joins "a" + "b-c" and "a-b" + "c" alike). The zero-padded
+        subtask keeps name order = subtask order, and the trailing dash keeps subtask 1
+        apart from subtask 11.
+        """
+        job = _name_part(context.job_name, 40) or "job"
+        uid = _name_part(context.operator_uid, 80) or "sink"
+        return f"part-{job}_{uid}_{context.subtask_index:04d}-"
 
     def _names(self, context: SinkContext, sequence: int) -> tuple[str, str]:
         name = f"{self.transaction_prefix(context)}{sequence:08d}.{self.extension}"
+        # The in-progress name is unique per opening (as in Flink): a subtask of a failed
+        # attempt that is not dead yet can never write into its successor's file, even
+        # when both open the same sequence number.
+        token = f"a{context.attempt}-{uuid.uuid4().hex[:8]}"
         return (
-            posixpath.join(self.directory, f".{name}{IN_PROGRESS_SUFFIX}"),
+            posixpath.join(self.directory, f".{name}.{token}{IN_PROGRESS_SUFFIX}"),
             posixpath.join(self.directory, name),
         )
 
     def _job_prefix(self, job_name: str) -> str:
         """The part of every file name that is the same for all sinks of one job."""
-        probe = SinkContext(job_name, "u", 0, 1, 0)
-        return self.transaction_prefix(probe)[: -len("u-0000-")]
+        return f"part-{_name_part(job_name, 40) or 'job'}_"
 
     # --- the driver ------------------------------------------------------------------------
 
@@ -170,6 +189,15 @@ class FileSink(TwoPhaseCommittingSink):
     # --- transactions ----------------------------------------------------------------------
 
     def begin_transaction(self, context: SinkContext, sequence: int) -> _PartFile:
+        if self.delivery_guarantee is DeliveryGuarantee.NONE and context not in self._swept:
+            # Without checkpoints the runtime never calls abort_lingering, so parts left
+            # open by a failed attempt would stay forever. In NONE mode no checkpoint can
+            # refer to an uncommitted part: every in-progress file of this subtask that
+            # this process did not open is garbage.
+            self._swept.add(context)
+            dropped = self.abort_lingering(context, list(self._open.values()))
+            if dropped:
+                log.info("FileSink: dropped %d in-progress part(s) of an earlier attempt", dropped)
         tmp_path, final_path = self._names(context, sequence)
         return _PartFile(tmp_path, final_path)
 
@@ -246,6 +274,8 @@ class FileSink(TwoPhaseCommittingSink):
         self._open.pop(transaction.tmp_path, None)
         if transaction.stream is not None and not transaction.closed:
             try:
+                # Close the encoder too, or a Parquet writer complains when collected.
+                transaction.encoder.close()
                 transaction.stream.close()
             except Exception:  # noqa: BLE001 - the file is deleted next
                 pass
@@ -255,7 +285,7 @@ class FileSink(TwoPhaseCommittingSink):
 
     def abort_lingering(self, context: SinkContext, keep: list[Any]) -> int:
         prefix = f".{self.transaction_prefix(context)}"
-        kept = {c[0] for c in keep}
+        kept = {c.tmp_path if isinstance(c, _PartFile) else c[0] for c in keep}
         aborted = 0
         for info in self._list():
             name = info.base_name
@@ -287,6 +317,7 @@ class FileSink(TwoPhaseCommittingSink):
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_open"] = {}  # open streams stay in the process that opened them
+        state["_swept"] = set()
         state["_dir_ready"] = False
         return state
 
@@ -313,6 +344,16 @@ class FileSink(TwoPhaseCommittingSink):
             f"FileSink({self.directory!r}, format={self.format!r}, "
             f"delivery_guarantee={self.delivery_guarantee.name})"
         )
+
+
+def _name_part(text: str, limit: int) -> str:
+    """``text`` reduced to ``[A-Za-z0-9-]`` (at most ``limit`` characters), plus a hash of
+    ``text`` when that reduction lost anything."""
+    clean = re.sub(r"[^A-Za-z0-9]+", "-", text).strip("-")
+    if clean == text and len(clean) <= limit:
+        return clean
+    digest = hashlib.blake2b(text.encode("utf-8"), digest_size=4).hexdigest()
+    return f"{clean[:limit]}-{digest}".lstrip("-")
 
 
 def _resolve(

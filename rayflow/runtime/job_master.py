@@ -110,6 +110,7 @@ class JobMaster:
         self._attempt_failure: asyncio.Future | None = None
         self._exhausted: set[tuple[int, int]] = set()
         self._recovery_started: float | None = None
+        self._run_refs: dict[tuple[int, int], Any] = {}
         self.recovery_times: list[float] = []
 
     # --- queries ------------------------------------------------------------------------
@@ -242,9 +243,10 @@ class JobMaster:
                 restore,
             )
             self.coordinator.start()
+        self._run_refs = {key: actor.run.remote() for key, actor in self.actors.items()}
         tasks = {
-            asyncio.ensure_future(self._await_run(key, actor.run.remote())): key
-            for key, actor in self.actors.items()
+            asyncio.ensure_future(self._await_run(key, ref)): key
+            for key, ref in self._run_refs.items()
         }
         if self._recovery_started is not None:
             asyncio.ensure_future(self._measure_recovery(self._recovery_started))
@@ -321,7 +323,22 @@ class JobMaster:
                 ray.kill(actor, no_restart=True)
             except Exception:  # noqa: BLE001 - already gone
                 pass
+        # ray.kill does not wait: the next attempt starts only once every subtask of this
+        # one is gone, so no zombie writes next to its successor's recovery.
+        refs = list(self._run_refs.values())
+        if refs:
+            await asyncio.wait(
+                [asyncio.ensure_future(self._settle(ref)) for ref in refs], timeout=30
+            )
+        self._run_refs = {}
         self.actors = {}
+
+    @staticmethod
+    async def _settle(ref: Any) -> None:
+        try:
+            await ref
+        except BaseException:  # noqa: BLE001 - a killed actor's run() fails; that is the point
+            pass
 
     # --- deployment ---------------------------------------------------------------------
 

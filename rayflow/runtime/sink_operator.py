@@ -128,7 +128,13 @@ class TwoPhaseCommitSinkOperator(Operator):
             self.next_sequence = max(self.next_sequence, state["next_sequence"])
             self.restored_old_indices.add(state["subtask"])
 
-    def recover(self, checkpoint_id: int) -> None:
+    def restore_global(self, snapshots: list[Any]) -> None:
+        """Sequences never repeat, whatever the rescaling: continue after the highest."""
+        for state in snapshots:
+            if state:
+                self.next_sequence = max(self.next_sequence, state["next_sequence"])
+
+    def recover(self, checkpoint_id: int | None) -> None:
         """After a restore from ``checkpoint_id``: commit its committables, abort the rest."""
         for committable in self.restored:
             self._commit(committable)
@@ -143,7 +149,7 @@ class TwoPhaseCommitSinkOperator(Operator):
                 self.faults.at(FaultPoint.SINK_DURING_ABORT)
         if aborted:
             log.info(
-                "%s: aborted %d lingering transaction(s) after restoring checkpoint %d",
+                "%s: aborted %d lingering transaction(s) after restoring checkpoint %s",
                 self.context.operator_name,
                 aborted,
                 checkpoint_id,

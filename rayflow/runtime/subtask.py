@@ -259,12 +259,11 @@ class SubtaskActor:
     async def _restore(self) -> None:
         if self.d.restore:
             await self._load_state()
-        if self.d.checkpointing is not None:
-            for spec, op in zip(self.d.vertex.operators, self.operators):
-                recover = getattr(op, "recover", None)
-                if recover is not None:
-                    self._current_operator = spec.name
-                    await asyncio.to_thread(recover, self.d.restored_checkpoint)
+        for spec, op in zip(self.d.vertex.operators, self.operators):
+            recover = getattr(op, "recover", None)
+            if recover is not None:
+                self._current_operator = spec.name
+                await asyncio.to_thread(recover, self.d.restored_checkpoint)
 
     async def _load_state(self) -> None:
         snapshots = []
@@ -289,6 +288,9 @@ class SubtaskActor:
                     if spec.uid in s and h.old_index % self.parallelism == self.index
                 ]
             op.restore_state(states)
+            restore_global = getattr(op, "restore_global", None)
+            if restore_global is not None:
+                restore_global([s[spec.uid] for _, s in snapshots if spec.uid in s])
 
     async def _run_source(self) -> None:
         source = self.d.vertex.source

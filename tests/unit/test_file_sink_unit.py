@@ -57,15 +57,15 @@ def test_names_are_hidden_until_commit_and_list_in_subtask_then_sequence_order(t
     ]
     assert visible(tmp_path) == []
     assert all(
-        n.startswith(".part-job-files-") and ".jsonl.a0-" in n and n.endswith(".inprogress")
+        n.startswith(".part-job_files_0") and ".jsonl.a0-" in n and n.endswith(".inprogress")
         for n in hidden(tmp_path)
     )
     for c in committables:
         sink.commit(c)
     names = visible(tmp_path)
     assert hidden(tmp_path) == []
-    assert names[0] == "part-job-files-0000-00000000.jsonl"
-    assert names[-1] == "part-job-files-0010-00000011.jsonl"
+    assert names[0] == "part-job_files_0000-00000000.jsonl"
+    assert names[-1] == "part-job_files_0010-00000011.jsonl"
     # Name order is subtask order, then sequence order.
     values = [json.loads((tmp_path / n).read_text())["value"] for n in names]
     assert values == sorted(values)
@@ -107,12 +107,35 @@ def test_prefixes_never_merge_distinct_names(tmp_path):
             (long + "2", "u"),
             ("job", "a.b"),
             ("job", "a-b"),
+            ("a", "b-c"),  # the contract's "a-b-c-" for both of these
+            ("a-b", "c"),
         ]
     ]
     assert len(set(prefixes)) == len(prefixes)
-    assert prefixes[1] == "part-job-a-u-0000-"  # a clean name stays as it is
-    assert prefixes[5] == "part-job-a-b-0000-"
+    assert prefixes[1] == "part-job-a_u_0000-"  # a clean name stays as it is
+    assert prefixes[5] == "part-job_a-b_0000-"
     assert all(len(p) < 80 for p in prefixes)
+
+
+def test_result_lists_this_jobs_committed_parts_only(tmp_path):
+    sink = FileSink(tmp_path, "jsonl", EO)
+    sink.setup("eo")
+    mine = [write_part(sink, [q], subtask=s, sequence=q, job="eo") for s in (1, 0) for q in (1, 0)]
+    for c in [*mine, write_part(sink, [9], job="eo-1"), write_part(sink, [9], job="eo", uid="x")]:
+        sink.commit(c)
+    write_part(sink, [9], sequence=7, job="eo")  # pre-committed, not visible
+    listed = sink.merge_results([4])
+    assert listed == sorted(c.final_path for c in mine) + [
+        str(tmp_path / "part-eo_x_0000-00000000.jsonl")
+    ]
+    assert listed == sink.committed_files("part-eo_")
+
+
+def test_uid_ending_in_digits_is_not_another_subtask(tmp_path):
+    sink = FileSink(tmp_path, "jsonl", EO)
+    other = write_part(sink, [1], subtask=1, uid="x-0000")
+    assert sink.abort_lingering(ctx(0, uid="x"), []) == 0
+    assert hidden(tmp_path) == [os.path.basename(other.tmp_path)]
 
 
 @pytest.mark.parametrize("fmt", ["jsonl", "csv", "parquet"])
@@ -193,7 +216,7 @@ def test_uri_and_subtree_filesystem(tmp_path):
     assert (
         visible(tmp_path / "out")
         == visible(tmp_path / "sub")
-        == ["part-job-files-0000-00000000.jsonl"]
+        == ["part-job_files_0000-00000000.jsonl"]
     )
 
 
