@@ -80,7 +80,12 @@ def _unwrap(exc: BaseException) -> BaseException:
 
 
 class _AttemptFailed(Exception):
-    pass
+    """One attempt failed; ``secondary`` when it only reports a failure elsewhere (a
+    subtask that lost the downstream subtask it was sending to)."""
+
+    def __init__(self, message: str, secondary: bool = False) -> None:
+        super().__init__(message)
+        self.secondary = secondary
 
 
 @ray.remote(max_restarts=0, max_task_retries=0)
@@ -266,6 +271,9 @@ class JobMaster:
                     raise _AttemptFailed(str(self._attempt_failure.result()))
                 pending.discard(cancel_task)
                 pending.discard(self._attempt_failure)
+                failures = [t.exception() for t in done if t.exception() is not None]
+                if failures:
+                    raise await self._root_cause(failures, pending)
                 for task in done:
                     results[tasks[task]] = task.result()
         finally:
@@ -276,6 +284,18 @@ class JobMaster:
         for (vertex_id, _), value in sorted(results.items()):
             outputs.setdefault(vertex_id, []).append(value)
         return outputs
+
+    @staticmethod
+    async def _root_cause(
+        failures: list[BaseException], pending: set[asyncio.Future]
+    ) -> BaseException:
+        """The failure to report: a subtask's own death or error rather than a neighbour's
+        report of having lost it (those arrive in any order)."""
+        if all(getattr(f, "secondary", False) for f in failures) and pending:
+            done, _ = await asyncio.wait(pending, timeout=1.0)
+            failures += [t.exception() for t in done if t.exception() is not None]
+        primary = [f for f in failures if not getattr(f, "secondary", False)]
+        return (primary or failures)[0]
 
     def _first_checkpoint_id(self) -> int:
         ids = self.storage.completed_ids() if self.storage else []
@@ -313,7 +333,10 @@ class JobMaster:
             if isinstance(cause, RayActorError):
                 reason = str(cause).strip().splitlines()[0] if str(cause).strip() else "actor died"
                 raise _AttemptFailed(f"{where} died ({reason})") from None
-            raise _AttemptFailed(f"{where}: {type(cause).__name__}: {cause}") from None
+            raise _AttemptFailed(
+                f"{where}: {type(cause).__name__}: {cause}",
+                secondary=isinstance(cause, ConnectionError),
+            ) from None
 
     async def _stop_attempt(self) -> None:
         if self.coordinator is not None:
