@@ -44,6 +44,7 @@ class InputGate:
         self._cursor = 0
         self._buffered = 0
         self.max_buffered = 0
+        self._closed = False
 
     async def push(self, channel: int, seq: int, item: Any) -> None:
         """Admit message ``seq`` of ``channel`` in order; waits while the buffer is full."""
@@ -51,7 +52,11 @@ class InputGate:
         space = self._space[channel]
         async with space:
             if not (next_seq[channel] == seq and len(buffer) < capacity):
-                await space.wait_for(lambda: next_seq[channel] == seq and len(buffer) < capacity)
+                await space.wait_for(
+                    lambda: self._closed or (next_seq[channel] == seq and len(buffer) < capacity)
+                )
+            if self._closed:
+                return
             buffer.append(item)
             next_seq[channel] = seq + 1
             space.notify_all()
@@ -111,6 +116,13 @@ class InputGate:
         self._blocked = [False] * self.num_channels
         async with self._available:
             self._available.notify()
+
+    async def close(self) -> None:
+        """Release every waiting ``push``; nothing more is admitted."""
+        self._closed = True
+        for space in self._space:
+            async with space:
+                space.notify_all()
 
     def buffered(self) -> int:
         return self._buffered

@@ -66,9 +66,9 @@ class JobSettings:
         return CheckpointStorage(c.checkpoint_storage, self.job_name, c.storage_options)
 
 
-def subtask_actor_name(job_id: str, vertex_id: int, index: int, attempt: int) -> str:
+def subtask_actor_name(job_id: str, vertex_id: int, index: int, incarnation: int) -> str:
     """Subtask actors are named, so tools (and tests) can find every actor of a job."""
-    return f"rayflow:{job_id}:v{vertex_id}:s{index}:a{attempt}"
+    return f"rayflow:{job_id}:v{vertex_id}:s{index}:{incarnation}"
 
 
 def _unwrap(exc: BaseException) -> BaseException:
@@ -116,6 +116,8 @@ class JobMaster:
         self._exhausted: set[tuple[int, int]] = set()
         self._recovery_started: float | None = None
         self._run_refs: dict[tuple[int, int], Any] = {}
+        self._spare: dict[tuple[int, int], Any] = {}
+        self._incarnations = 0
         self.recovery_times: list[float] = []
 
     # --- queries ------------------------------------------------------------------------
@@ -209,7 +211,7 @@ class JobMaster:
                     "job %r attempt %d failed: %s", self.settings.job_name, self.attempt, cause
                 )
                 failed_at = time.time()
-                await self._stop_attempt()
+                await self._stop_attempt(reuse=True)
                 delay = self.restart_strategy.next_delay_s(failed_at)
                 if delay is None:
                     restarts = self.attempt - self.settings.attempt_base
@@ -229,7 +231,7 @@ class JobMaster:
             self.latest = self.coordinator.latest
         restore = self.latest if settings.checkpointing else None
         self._exhausted = set()
-        self._deploy(attempt, restore)
+        await asyncio.gather(*self._deploy(attempt, restore))
         loop = asyncio.get_running_loop()
         self._attempt_failure = loop.create_future()
         if settings.checkpointing:
@@ -306,15 +308,15 @@ class JobMaster:
             self._attempt_failure.set_result(f"{type(exc).__name__}: {exc}")
 
     async def _measure_recovery(self, failed_at: float) -> None:
-        """Time from a failure until records flow again in every source subtask."""
-        sources = [a for k, a in self.actors.items() if self.graph.vertices[k[0]].is_source]
+        """Time from a failure until records flow again through every subtask."""
+        actors = list(self.actors.values())
         attempt = self.attempt
         while self.attempt == attempt:
             try:
-                metrics = await asyncio.gather(*[a.metrics.remote() for a in sources])
+                metrics = await asyncio.gather(*[a.metrics.remote() for a in actors])
             except Exception:  # noqa: BLE001
                 return
-            if all(m["records_out"] > 0 or m["records_in"] > 0 for m in metrics):
+            if all(m["attempt"] == attempt and m["records_in"] > 0 for m in metrics):
                 self.recovery_times.append(time.time() - failed_at)
                 return
             await asyncio.sleep(0.02)
@@ -338,23 +340,52 @@ class JobMaster:
                 secondary=isinstance(cause, ConnectionError),
             ) from None
 
-    async def _stop_attempt(self) -> None:
+    async def _stop_attempt(self, reuse: bool = False) -> None:
+        """End the current attempt. Every subtask's ``run()`` has ended when this returns,
+        so nothing of this attempt writes next to its successor's recovery.
+
+        With ``reuse``, subtasks that are still alive are kept for the next attempt (their
+        ``run()`` is cancelled; Flink likewise redeploys into surviving slots), so a
+        restart only starts processes for the subtasks that died.
+        """
         if self.coordinator is not None:
             await self.coordinator.shutdown()
-        for actor in self.actors.values():
+        self._kill(self._spare.values())
+        self._spare = {}
+        actors, refs = self.actors, self._run_refs
+        self.actors, self._run_refs = {}, {}
+        if reuse:
+            for ref in refs.values():
+                ray.cancel(ref)
+        else:
+            self._kill(actors.values())
+        if refs:
+            await asyncio.wait(
+                [asyncio.ensure_future(self._settle(ref)) for ref in refs.values()], timeout=30
+            )
+        if reuse:
+            checks = {key: asyncio.ensure_future(self._alive(a)) for key, a in actors.items()}
+            await asyncio.wait(checks.values(), timeout=10)
+            for key, check in checks.items():
+                if check.done() and check.result():
+                    self._spare[key] = actors[key]
+                else:
+                    self._kill([actors[key]])
+
+    @staticmethod
+    def _kill(actors: Any) -> None:
+        for actor in actors:
             try:
                 ray.kill(actor, no_restart=True)
             except Exception:  # noqa: BLE001 - already gone
                 pass
-        # ray.kill does not wait: the next attempt starts only once every subtask of this
-        # one is gone, so no zombie writes next to its successor's recovery.
-        refs = list(self._run_refs.values())
-        if refs:
-            await asyncio.wait(
-                [asyncio.ensure_future(self._settle(ref)) for ref in refs], timeout=30
-            )
-        self._run_refs = {}
-        self.actors = {}
+
+    @staticmethod
+    async def _alive(actor: Any) -> bool:
+        try:
+            return await asyncio.wait_for(actor.ready.remote(), timeout=5)
+        except BaseException:  # noqa: BLE001 - dead or hung: not reused
+            return False
 
     @staticmethod
     async def _settle(ref: Any) -> None:
@@ -365,11 +396,13 @@ class JobMaster:
 
     # --- deployment ---------------------------------------------------------------------
 
-    def _deploy(self, attempt: int, restore: CompletedCheckpoint | None) -> None:
+    def _deploy(self, attempt: int, restore: CompletedCheckpoint | None) -> list[Any]:
+        """Create or redeploy every subtask; returns the redeploy calls to await."""
         graph, settings = self.graph, self.settings
         me = ray.get_runtime_context().current_actor
         plan = settings.fault_plan
         actors: dict[tuple[int, int], Any] = {}
+        redeploys: list[Any] = []
         for vertex_id in reversed(graph.topological_order()):
             vertex = graph.vertices[vertex_id]
             splits = self._source_splits(vertex, restore) if vertex.is_source else None
@@ -414,11 +447,22 @@ class JobMaster:
                     restored_checkpoint=restore.checkpoint_id if restore else None,
                     faults=plan.for_subtask(vertex.name, index, attempt) if plan else [],
                 )
+                spare = self._spare.pop((vertex_id, index), None)
+                if spare is not None:
+                    actors[(vertex_id, index)] = spare
+                    redeploys.append(spare.redeploy.remote(deployment))
+                    continue
+                self._incarnations += 1
                 actors[(vertex_id, index)] = SubtaskActor.options(
-                    name=subtask_actor_name(settings.job_id, vertex_id, index, attempt),
+                    name=subtask_actor_name(
+                        settings.job_id, vertex_id, index, self._incarnations
+                    ),
                     **settings.subtask_options,
                 ).remote(deployment)
+        self._kill(self._spare.values())
+        self._spare = {}
         self.actors = actors
+        return redeploys
 
     def _source_splits(self, vertex: Any, restore: CompletedCheckpoint | None) -> list[list[Any]]:
         per_subtask: list[list[Any]] = [[] for _ in range(vertex.parallelism)]

@@ -194,6 +194,13 @@ class SubtaskActor:
     async def ready(self) -> bool:
         return True
 
+    async def redeploy(self, deployment: SubtaskDeployment) -> None:
+        """Become a subtask of a new attempt (the previous ``run()`` was cancelled)."""
+        await self.gate.close()
+        for task in list(self._async_parts):
+            task.cancel()
+        self.__init__(deployment)
+
     # --- the mailbox loop ---------------------------------------------------------------
 
     async def run(self) -> dict[str, Any]:
