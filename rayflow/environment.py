@@ -83,6 +83,15 @@ class JobResult:
             raise KeyError(f"no sink named {key!r} (sinks: {sorted(self.sink_results)})")
         return self.sink_results[key]
 
+    def commit_latencies(self, sink_name: str) -> list[dict[str, float]]:
+        """Per checkpoint notification of each subtask of a two-phase-commit sink: how
+        many transactions it committed and how long that took (``commit_s``)."""
+        return [
+            c
+            for m in self.metrics
+            for c in m.get("operators", {}).get(sink_name, {}).get("commits", [])
+        ]
+
     def records_in(self, vertex_prefix: str) -> int:
         """Records that entered the vertices whose name starts with ``vertex_prefix``."""
         return sum(m["records_in"] for m in self.metrics if m["vertex"].startswith(vertex_prefix))

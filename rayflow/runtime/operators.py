@@ -74,6 +74,9 @@ class Operator:
     def result(self) -> Any:
         return None
 
+    def metrics(self) -> dict[str, Any]:
+        return {}
+
     def close(self) -> None:
         pass
 

@@ -45,6 +45,7 @@ class TwoPhaseCommitSinkOperator(Operator):
         self.restored: list[Any] = []
         self.restored_old_indices: set[int] = set()
         self.committed = 0
+        self.commit_stats: list[dict[str, float]] = []
 
     def open(self, context: OperatorContext) -> None:
         super().open(context)
@@ -114,10 +115,18 @@ class TwoPhaseCommitSinkOperator(Operator):
         }
 
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
+        started = time.time()
+        count = 0
         for cid in sorted(c for c in self.pending if c <= checkpoint_id):
             for committable in self.pending[cid]:
                 self._commit(committable)
+                count += 1
             del self.pending[cid]
+        if count:
+            self.commit_stats.append(
+                {"checkpoint_id": checkpoint_id, "transactions": count,
+                 "commit_s": time.time() - started, "committed_at": time.time()}
+            )
 
     def restore_state(self, snapshots: list[Any]) -> None:
         for state in snapshots:
@@ -191,6 +200,9 @@ class TwoPhaseCommitSinkOperator(Operator):
 
     def result(self) -> Any:
         return self.committed
+
+    def metrics(self) -> dict[str, Any]:
+        return {"committed": self.committed, "commits": list(self.commit_stats)}
 
     def close(self) -> None:
         self.sink.close()

@@ -189,6 +189,11 @@ class SubtaskActor:
         m["max_in_flight"] = max(
             (c.max_in_flight for w in self.writers for c in w.channels), default=0
         )
+        m["operators"] = {
+            spec.name: op.metrics()
+            for spec, op in zip(self.d.vertex.operators, self.operators)
+            if op.metrics()
+        }
         return m
 
     async def ready(self) -> bool:
