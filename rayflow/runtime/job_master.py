@@ -454,9 +454,7 @@ class JobMaster:
                     continue
                 self._incarnations += 1
                 actors[(vertex_id, index)] = SubtaskActor.options(
-                    name=subtask_actor_name(
-                        settings.job_id, vertex_id, index, self._incarnations
-                    ),
+                    name=subtask_actor_name(settings.job_id, vertex_id, index, self._incarnations),
                     **settings.subtask_options,
                 ).remote(deployment)
         self._kill(self._spare.values())

@@ -124,8 +124,12 @@ class TwoPhaseCommitSinkOperator(Operator):
             del self.pending[cid]
         if count:
             self.commit_stats.append(
-                {"checkpoint_id": checkpoint_id, "transactions": count,
-                 "commit_s": time.time() - started, "committed_at": time.time()}
+                {
+                    "checkpoint_id": checkpoint_id,
+                    "transactions": count,
+                    "commit_s": time.time() - started,
+                    "committed_at": time.time(),
+                }
             )
 
     def restore_state(self, snapshots: list[Any]) -> None:
@@ -205,4 +209,17 @@ class TwoPhaseCommitSinkOperator(Operator):
         return {"committed": self.committed, "commits": list(self.commit_stats)}
 
     def close(self) -> None:
-        self.sink.close()
+        """Abort the open transaction (a failed or cancelled attempt); pre-committed ones
+        stay for the restored state to commit or for ``abort_lingering``."""
+        transaction, self.transaction = self.transaction, None
+        try:
+            if transaction is not None:
+                self.sink.abort_transaction(transaction)
+        except Exception as exc:  # noqa: BLE001 - recovery aborts it as lingering
+            log.warning(
+                "%s: could not abort an open transaction on close: %s",
+                self.context.operator_name,
+                exc,
+            )
+        finally:
+            self.sink.close()
