@@ -16,6 +16,7 @@ from typing import Any
 
 import pyarrow as pa
 import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from rayflow.guarantees import DeliveryGuarantee
 from rayflow.sink import Sink, SinkContext, SinkWriter, TwoPhaseCommittingSink
@@ -104,7 +105,10 @@ class CollectSink(TwoPhaseCommittingSink):
 
     def setup(self, job_name: str) -> None:
         if self._collector is None:
-            self._collector = _Collector.remote()
+            # The collector stands for the outside world: it lives on the driver's node,
+            # whatever happens to the nodes the job runs on.
+            here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), False)
+            self._collector = _Collector.options(scheduling_strategy=here).remote()
 
     def _require(self):
         if self._collector is None:
