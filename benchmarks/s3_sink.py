@@ -42,17 +42,22 @@ def with_payload(batch: pa.RecordBatch) -> pa.RecordBatch:
     return batch.append_column("payload", pa.array([PAYLOAD] * batch.num_rows))
 
 
-def run(server, bucket: str, rows: int, guarantee: DeliveryGuarantee, interval_ms: int,
-        storage: str):
+def run(
+    server, bucket: str, rows: int, guarantee: DeliveryGuarantee, interval_ms: int, storage: str
+):
     env = StreamExecutionEnvironment.get_execution_environment().set_parallelism(2)
     if guarantee is not DeliveryGuarantee.NONE:
-        mode = (CheckpointingMode.EXACTLY_ONCE if guarantee is DeliveryGuarantee.EXACTLY_ONCE
-                else CheckpointingMode.AT_LEAST_ONCE)
+        mode = (
+            CheckpointingMode.EXACTLY_ONCE
+            if guarantee is DeliveryGuarantee.EXACTLY_ONCE
+            else CheckpointingMode.AT_LEAST_ONCE
+        )
         env.enable_checkpointing(interval_ms, mode)
         env.get_checkpoint_config().set_checkpoint_storage(storage)
     prefix = f"bench/{guarantee.name}/{time.time_ns()}"
-    sink = S3FileSink(bucket, prefix, format="jsonl", delivery_guarantee=guarantee,
-                      **server.sink_options())
+    sink = S3FileSink(
+        bucket, prefix, format="jsonl", delivery_guarantee=guarantee, **server.sink_options()
+    )
     (
         env.from_source(NumberSequenceSource(0, rows - 1, batch_size=10_000), "numbers")
         .map_batches(with_payload, name="payload")
@@ -72,10 +77,12 @@ def main() -> int:
     print("command: python " + " ".join(shlex.quote(a) for a in sys.argv))
     server = start_server()
     bucket = server.create_bucket()
-    ray.init(address="local", include_dashboard=False, logging_level="ERROR",
-             log_to_driver=False)
-    guarantees = [DeliveryGuarantee.EXACTLY_ONCE, DeliveryGuarantee.AT_LEAST_ONCE,
-                  DeliveryGuarantee.NONE]
+    ray.init(address="local", include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    guarantees = [
+        DeliveryGuarantee.EXACTLY_ONCE,
+        DeliveryGuarantee.AT_LEAST_ONCE,
+        DeliveryGuarantee.NONE,
+    ]
     rates: dict[str, list[float]] = {g.name: [] for g in guarantees}
     mib: dict[str, list[float]] = {g.name: [] for g in guarantees}
     commits: list[float] = []
@@ -92,8 +99,10 @@ def main() -> int:
                         commits.append(c["commit_s"] * 1000)
                         transactions.append(c["transactions"])
     base = statistics.median(rates["NONE"])
-    print(f"\n### S3FileSink (moto server), {args.rows:,} rows of ~120 bytes, parallelism 2, "
-          f"checkpoint interval {args.interval_ms} ms, median of {args.repeat}\n")
+    print(
+        f"\n### S3FileSink (moto server), {args.rows:,} rows of ~120 bytes, parallelism 2, "
+        f"checkpoint interval {args.interval_ms} ms, median of {args.repeat}\n"
+    )
     print("| guarantee | rows/s | MiB/s | vs NONE |")
     print("|---|---:|---:|---:|")
     for g in guarantees:
@@ -103,9 +112,11 @@ def main() -> int:
         print("\n### Commit latency per checkpoint notification (EXACTLY_ONCE, per subtask)\n")
         print("| notifications | transactions each (mean) | mean ms | p50 ms | p99 ms | max ms |")
         print("|---:|---:|---:|---:|---:|---:|")
-        print(f"| {len(commits)} | {statistics.mean(transactions):.1f} | "
-              f"{statistics.mean(commits):.1f} | {np.percentile(commits, 50):.1f} | "
-              f"{np.percentile(commits, 99):.1f} | {max(commits):.1f} |")
+        print(
+            f"| {len(commits)} | {statistics.mean(transactions):.1f} | "
+            f"{statistics.mean(commits):.1f} | {np.percentile(commits, 50):.1f} | "
+            f"{np.percentile(commits, 99):.1f} | {max(commits):.1f} |"
+        )
     server.stop()
     return 0
 

@@ -54,6 +54,7 @@ import time
 from collections import deque
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import ray
@@ -119,7 +120,9 @@ class DiscardSink(Sink):
 
 def _make_batch(lo: int, hi: int) -> pa.RecordBatch:
     # Built exactly as NumberSequenceSource's reader builds its batches.
-    return pa.RecordBatch.from_arrays([pa.array(range(lo, hi), type=pa.int64())], names=["value"])
+    return pa.RecordBatch.from_arrays(
+        [pa.array(np.arange(lo, hi, dtype=np.int64))], names=["value"]
+    )
 
 
 @ray.remote
