@@ -153,7 +153,7 @@ def _add_checkpoints(subparsers: argparse._SubParsersAction) -> None:
         "checkpoints",
         help="list and inspect retained checkpoints",
         description="List the completed checkpoints of a job (PATH is the job's checkpoint "
-        "directory, e.g. /tmp/rayflow/checkpoints/<job>) or inspect one (PATH ends in "
+        "directory, e.g. /tmp/rayflow-checkpoints/<job>) or inspect one (PATH ends in "
         "chk-<n>): id, completion time, size, and the state size of every operator.",
     )
     parser.add_argument("path", help="a job's checkpoint directory, or one chk-<n> in it")

@@ -29,7 +29,7 @@ class CheckpointingMode(enum.Enum):
 
 
 def _default_storage() -> str:
-    return os.path.join(tempfile.gettempdir(), "rayflow", "checkpoints")
+    return os.path.join(tempfile.gettempdir(), "rayflow-checkpoints")
 
 
 @dataclass
