@@ -22,7 +22,14 @@ import random
 import signal
 from dataclasses import dataclass, field
 
-__all__ = ["Fault", "FaultPoint", "FaultPlan", "InjectedFault", "inject_faults"]
+__all__ = [
+    "Fault",
+    "FaultPoint",
+    "FaultPlan",
+    "InjectedFault",
+    "inject_faults",
+    "wait_for_checkpoints",
+]
 
 
 class InjectedFault(RuntimeError):
@@ -161,3 +168,21 @@ class SubtaskFaults:
 def inject_faults(env, plan: FaultPlan) -> None:
     """Run ``env`` 's next job with ``plan``'s faults."""
     env._fault_plan = plan
+
+
+def wait_for_checkpoints(client, count: int, timeout_s: float = 60.0) -> int:
+    """Block until ``client`` 's job has completed ``count`` checkpoints (or the job ended,
+    or ``timeout_s`` passed); returns how many it has completed."""
+    import time
+
+    deadline = time.time() + timeout_s
+    completed = 0
+    while time.time() < deadline:
+        try:
+            completed = sum(1 for c in client.checkpoints() if c["status"] == "COMPLETED")
+        except Exception:  # noqa: BLE001 - the job master is restarting or already gone
+            completed = completed
+        if completed >= count:
+            break
+        time.sleep(0.05)
+    return completed

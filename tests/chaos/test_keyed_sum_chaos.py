@@ -11,7 +11,7 @@ import pytest
 
 from rayflow import JobFailedError
 from rayflow.config import CheckpointingMode, RestartStrategies
-from rayflow.testing import Fault, FaultPlan, FaultPoint
+from rayflow.testing import Fault, FaultPlan, FaultPoint, wait_for_checkpoints
 from tests.chaos.harness import (
     build_keyed_sum,
     expected_rows,
@@ -127,16 +127,10 @@ def test_job_master_killed_between_commit_point_and_notification(tmp_path):
 
 @pytest.mark.chaos
 def test_rescale_from_parallelism_2_to_3(tmp_path):
-    import time
-
     job = unique_job("rescale")
     env, sink = build_keyed_sum(N, 2, BATCH, rate=200_000, storage=str(tmp_path))
     client = env.execute_async(job)
-    deadline = time.time() + 60
-    while time.time() < deadline:
-        if len(client._master_status()["completed_checkpoints"]) >= 3:
-            break
-        time.sleep(0.1)
+    assert wait_for_checkpoints(client, 3) >= 3
     client.cancel()
     with pytest.raises(JobFailedError):
         client.wait()

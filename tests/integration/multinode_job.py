@@ -19,6 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import ray  # noqa: E402
 from ray.cluster_utils import Cluster  # noqa: E402
 
+from rayflow.testing import wait_for_checkpoints  # noqa: E402
 from tests.chaos.harness import (  # noqa: E402
     build_keyed_sum,
     expected_rows,
@@ -46,17 +47,9 @@ def main() -> int:
             removed = threading.Event()
 
             def remove_after_checkpoints() -> None:
-                deadline = time.time() + 60
-                while time.time() < deadline:
-                    try:
-                        status = client._master_status()
-                    except Exception:  # noqa: BLE001 - the job master may be restarting
-                        status = {"completed_checkpoints": []}
-                    if len(status["completed_checkpoints"]) >= 2:
-                        cluster.remove_node(victim, allow_graceful=False)
-                        removed.set()
-                        return
-                    time.sleep(0.05)
+                if wait_for_checkpoints(client, 2):
+                    cluster.remove_node(victim, allow_graceful=False)
+                    removed.set()
 
             remover = threading.Thread(target=remove_after_checkpoints)
             remover.start()

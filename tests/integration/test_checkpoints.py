@@ -3,13 +3,12 @@ checkpoints on disk, resuming a job from one, and `rayflow checkpoints`."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from rayflow import JobFailedError
 from rayflow.cli import main as cli_main
 from rayflow.config import CheckpointingMode
+from rayflow.testing import wait_for_checkpoints
 from tests.chaos.harness import build_keyed_sum, expected_rows, expected_sums, outcome, unique_job
 
 N = 200_000
@@ -50,11 +49,7 @@ def test_resume_from_a_retained_checkpoint_of_a_cancelled_run(tmp_path, capsys):
     job = unique_job("resume")
     env, sink = build_keyed_sum(N, 2, 5000, rate=50_000, checkpoint_ms=100, storage=str(tmp_path))
     client = env.execute_async(job)
-    deadline = time.time() + 30
-    while time.time() < deadline:
-        if len(client._master_status()["completed_checkpoints"]) >= 2:
-            break
-        time.sleep(0.05)
+    assert wait_for_checkpoints(client, 2, timeout_s=30) >= 2
     client.cancel()
     with pytest.raises(JobFailedError, match="cancelled"):
         client.wait()
