@@ -1,6 +1,6 @@
 """A real S3 API for tests: moto's server on 127.0.0.1, reached by every Ray actor.
 
-moto's in-process mock (``mock_aws``) patches botocore in one process only, so it
+moto's in-process mock patches botocore in one process only, so it
 cannot serve subtask actors; its threaded HTTP server can. One server runs per test
 process (started on first use, stopped at exit). Test modules get the fixtures by
 importing them::

@@ -130,11 +130,18 @@ class CheckpointStorage:
         return self.load_metadata(ids[-1]) if ids else None
 
     def discard(self, checkpoint_id: int) -> None:
+        """Delete a checkpoint: its metadata first, so a discard cut short never leaves a
+        'completed' checkpoint whose blobs are gone."""
         fs, _ = self._resolve()
-        try:
-            fs.delete_dir(self.checkpoint_dir(checkpoint_id))
-        except (FileNotFoundError, OSError):
-            pass
+        directory = self.checkpoint_dir(checkpoint_id)
+        for delete, path in (
+            (fs.delete_file, f"{directory}/{METADATA}"),
+            (fs.delete_dir, directory),
+        ):
+            try:
+                delete(path)
+            except (FileNotFoundError, OSError):
+                pass
 
 
 def open_checkpoint_path(
