@@ -98,6 +98,7 @@ class CheckpointCoordinator:
         self._loop_task: asyncio.Task | None = None
         self._timeout_task: asyncio.Task | None = None
         self._checkpoints_this_attempt = 0
+        self._completing: asyncio.Future | None = None
 
     # --- lifecycle ----------------------------------------------------------------------
 
@@ -108,6 +109,9 @@ class CheckpointCoordinator:
         for task in (self._loop_task, self._timeout_task):
             if task is not None:
                 task.cancel()
+        if self._completing is not None and not self._completing.done():
+            # A commit point being written decides what the next attempt restores from.
+            await asyncio.wait([self._completing], timeout=60)
         if self.pending is not None:
             self._record(self.pending, "ABORTED", "job attempt ended")
             self.pending = None
@@ -173,10 +177,13 @@ class CheckpointCoordinator:
         pending = self.pending
         if pending is None or pending.checkpoint_id != cid or key not in pending.expected:
             return
+        if key in pending.acks:
+            return
         pending.acks[key] = info
         pending.refs[key] = self.tasks[key].snapshot_blob.remote(cid)
         if len(pending.acks) == len(pending.expected):
-            await self._complete(pending)
+            self._completing = asyncio.ensure_future(self._complete(pending))
+            await self._completing
 
     async def decline(self, cid: int, key: SubtaskKey, reason: str) -> None:
         pending = self.pending
@@ -192,7 +199,9 @@ class CheckpointCoordinator:
         try:
             await asyncio.to_thread(self.storage.commit_metadata, cid, metadata)
         except Exception as exc:  # noqa: BLE001
-            await self._abort(pending, f"metadata write failed: {type(exc).__name__}: {exc}")
+            await self._abort(
+                pending, f"metadata write failed: {type(exc).__name__}: {exc}", force=True
+            )
             return
         # ---- commit point: checkpoint `cid` exists from here on ----
         self.pending = None
@@ -233,9 +242,11 @@ class CheckpointCoordinator:
             self.storage.discard(old)
         del previous  # its object refs go out of scope here
 
-    async def _abort(self, pending: PendingCheckpoint, reason: str) -> None:
+    async def _abort(self, pending: PendingCheckpoint, reason: str, force: bool = False) -> None:
         if self.pending is not pending:
             return
+        if len(pending.acks) == len(pending.expected) and not force:
+            return  # every subtask acknowledged: it is being completed
         self.pending = None
         if self._timeout_task is not None:
             self._timeout_task.cancel()
