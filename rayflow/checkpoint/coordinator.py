@@ -99,6 +99,8 @@ class CheckpointCoordinator:
         self._timeout_task: asyncio.Task | None = None
         self._checkpoints_this_attempt = 0
         self._completing: asyncio.Future | None = None
+        self._running: set[SubtaskKey] = set()
+        self._all_running = asyncio.Event()
 
     # --- lifecycle ----------------------------------------------------------------------
 
@@ -116,6 +118,13 @@ class CheckpointCoordinator:
             self._record(self.pending, "ABORTED", "job attempt ended")
             self.pending = None
 
+    def subtask_running(self, key: SubtaskKey) -> None:
+        """A subtask restored its state and runs; checkpoints start once all of them do
+        (a barrier sent earlier would wait in a starting actor's queue and time out)."""
+        self._running.add(key)
+        if self._running >= set(self.tasks):
+            self._all_running.set()
+
     def request_final(self) -> None:
         """Every source is exhausted: take the final checkpoint next."""
         self._final_requested = True
@@ -126,8 +135,9 @@ class CheckpointCoordinator:
     async def _periodic(self) -> None:
         interval = self.config.interval_ms / 1000.0
         min_pause = self.config.min_pause_between_checkpoints_ms / 1000.0
-        last_trigger = time.time()
         try:
+            await self._all_running.wait()
+            last_trigger = time.time()
             while not self._final_done:
                 if self.pending is None:
                     now = time.time()

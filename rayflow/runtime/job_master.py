@@ -166,6 +166,10 @@ class JobMaster:
         if attempt == self.attempt and self.coordinator is not None:
             await self.coordinator.decline(cid, key, reason)
 
+    async def subtask_running(self, attempt: int, key: tuple[int, int]) -> None:
+        if attempt == self.attempt and self.coordinator is not None:
+            self.coordinator.subtask_running(key)
+
     async def source_exhausted(self, attempt: int, key: tuple[int, int]) -> None:
         if attempt != self.attempt:
             return

@@ -213,6 +213,8 @@ class SubtaskActor:
         try:
             self._open()
             await self._restore()
+            if self.d.master is not None and self.d.checkpointing is not None:
+                self.d.master.subtask_running.remote(self.attempt, self.key)
             if self.d.vertex.is_source:
                 await self._run_source()
             else:
@@ -338,6 +340,10 @@ class SubtaskActor:
                     delay = started + emitted / rate - time.monotonic()
                     if delay > 0:
                         await asyncio.sleep(delay)
+                    elif delay < -0.05:
+                        # Held back (backpressure, a starting receiver): keep the rate,
+                        # do not burst to catch up.
+                        started = time.monotonic() - emitted / rate
                 else:
                     await asyncio.sleep(0)
         finally:

@@ -54,7 +54,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as storage:
         for seed in range(args.first_seed, args.first_seed + args.seeds):
             plan = FaultPlan.random(
-                seed, kills=args.kills, parallelism=args.parallelism, max_records=args.records // 3
+                seed, kills=args.kills, parallelism=args.parallelism, max_records=args.records // 10
             )
             env, sink = build_keyed_sum(
                 args.records, args.parallelism, 5000, mode=mode, storage=storage, plan=plan

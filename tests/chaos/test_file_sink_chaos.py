@@ -46,7 +46,7 @@ def plan_for(seed: int, sink_point: FaultPoint) -> FaultPlan:
         ),
         Fault(sink_point, vertex=SINK, subtask=rng.randrange(P), checkpoint=rng.randint(1, 2)),
     ]
-    drawn = FaultPlan.random(seed, kills=3, parallelism=P, max_records=N // 3).faults
+    drawn = FaultPlan.random(seed, kills=3, parallelism=P, max_records=N // 10).faults
     faults = targeted + sorted(drawn, key=lambda f: f.attempt)
     return FaultPlan(
         [
@@ -116,7 +116,7 @@ def test_exactly_once_files_survive_seeded_kills(tmp_path, seed, sink_point, fmt
 def test_at_least_once_files_lose_nothing(tmp_path):
     out = tmp_path / "out"
     sink = FileSink(out, "jsonl", DeliveryGuarantee.AT_LEAST_ONCE)
-    plan = FaultPlan.random(5, kills=3, parallelism=P, max_records=N // 3)
+    plan = FaultPlan.random(5, kills=3, parallelism=P, max_records=N // 10)
     env, _ = build_keyed_sum(
         N,
         P,

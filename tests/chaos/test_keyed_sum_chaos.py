@@ -30,7 +30,7 @@ BATCH = 5000
 def test_exactly_once_state_survives_seeded_kills(seed, tmp_path):
     # one kill at each point: after N records, during alignment, after a snapshot, and
     # between a checkpoint's commit point and its notification
-    plan = FaultPlan.random(seed, kills=4, parallelism=P, max_records=N // 3)
+    plan = FaultPlan.random(seed, kills=4, parallelism=P, max_records=N // 10)
     assert {f.point for f in plan.faults} == {
         FaultPoint.AFTER_RECORDS,
         FaultPoint.DURING_ALIGNMENT,
@@ -48,7 +48,7 @@ def test_exactly_once_state_survives_seeded_kills(seed, tmp_path):
 
 @pytest.mark.chaos
 def test_at_least_once_loses_nothing(tmp_path):
-    plan = FaultPlan.random(5, kills=3, parallelism=P, max_records=N // 3)
+    plan = FaultPlan.random(5, kills=3, parallelism=P, max_records=N // 10)
     env, sink = build_keyed_sum(
         N, P, BATCH, storage=str(tmp_path), plan=plan, mode=CheckpointingMode.AT_LEAST_ONCE
     )

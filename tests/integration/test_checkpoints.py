@@ -3,12 +3,16 @@ checkpoints on disk, resuming a job from one, and `rayflow checkpoints`."""
 
 from __future__ import annotations
 
+import os
+import time
+
 import pytest
 
 from rayflow import JobFailedError
 from rayflow.cli import main as cli_main
 from rayflow.config import CheckpointingMode
 from rayflow.testing import wait_for_checkpoints
+from sinks.basic import CollectSink
 from tests.chaos.harness import build_keyed_sum, expected_rows, expected_sums, outcome, unique_job
 
 N = 200_000
@@ -72,3 +76,50 @@ def test_restore_from_a_missing_checkpoint_is_a_clear_error(tmp_path):
     env, _ = build_keyed_sum(1000, 1, 100, storage=str(tmp_path))
     with pytest.raises(FileNotFoundError, match="no completed checkpoint"):
         env.execute_async("nothing-here", restore_from="latest")
+
+
+class _SlowFirstPreCommit(CollectSink):
+    """The first pre-commit of the job stalls (a marker file remembers it across
+    attempts): the checkpoint it belongs to times out."""
+
+    def __init__(self, stall_s: float, marker) -> None:
+        super().__init__()
+        self.stall_s = stall_s
+        self.marker = str(marker)
+
+    def pre_commit(self, transaction):
+        if not os.path.exists(self.marker):
+            time.sleep(self.stall_s)
+            open(self.marker, "w").close()
+        return super().pre_commit(transaction)
+
+
+def test_a_checkpoint_that_times_out_is_aborted_and_later_ones_complete(tmp_path):
+    sink = _SlowFirstPreCommit(stall_s=3.0, marker=tmp_path / "stalled")
+    env, sink = build_keyed_sum(
+        N, 2, 5000, rate=100_000, checkpoint_ms=100, storage=str(tmp_path), sink=sink
+    )
+    config = env.get_checkpoint_config()
+    config.set_checkpoint_timeout(1500)
+    config.set_tolerable_checkpoint_failure_number(5)
+    result = env.execute(unique_job("timeout"))
+    failed = [c for c in result.checkpoints if c["status"] == "FAILED"]
+    assert failed and "timed out after 1500 ms" in failed[0]["failure"]
+    assert result.completed_checkpoints and result.restarts == 0
+    got = outcome(result, sink)
+    assert got.sums == expected_sums(N)
+    assert got.rows == expected_rows(N, 2, 5000)
+
+
+def test_too_many_failed_checkpoints_fail_the_attempt(tmp_path):
+    sink = _SlowFirstPreCommit(stall_s=3.0, marker=tmp_path / "stalled")
+    env, sink = build_keyed_sum(
+        N, 2, 5000, rate=100_000, checkpoint_ms=100, storage=str(tmp_path), sink=sink
+    )
+    env.get_checkpoint_config().set_checkpoint_timeout(1500)  # 0 failures tolerated
+    result = env.execute(unique_job("timeout-restart"))
+    assert result.restarts >= 1
+    assert "CheckpointFailureLimit" in result.failures[0]
+    got = outcome(result, sink)
+    assert got.sums == expected_sums(N)
+    assert got.rows == expected_rows(N, 2, 5000)
