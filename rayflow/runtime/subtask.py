@@ -184,6 +184,7 @@ class SubtaskActor:
         m["vertex"] = self.name
         m["subtask"] = self.index
         m["attempt"] = self.attempt
+        m["node_id"] = ray.get_runtime_context().get_node_id()
         m["buffered"] = self.gate.buffered()
         m["max_buffered"] = self.gate.max_buffered
         m["max_in_flight"] = max(

@@ -36,8 +36,7 @@ def main() -> int:
         initialize_head=True,
         head_node_args={"num_cpus": 1, "include_dashboard": False},
     )
-    victim = cluster.add_node(num_cpus=4)
-    cluster.add_node(num_cpus=4)
+    workers = [cluster.add_node(num_cpus=4), cluster.add_node(num_cpus=4)]
     ray.init(address=cluster.address, logging_level="ERROR", log_to_driver=False)
     try:
         with tempfile.TemporaryDirectory() as storage:
@@ -47,7 +46,12 @@ def main() -> int:
             removed = threading.Event()
 
             def remove_after_checkpoints() -> None:
-                if wait_for_checkpoints(client, 2):
+                if not wait_for_checkpoints(client, 2):
+                    return
+                hosting = {m["node_id"] for m in client.metrics()}
+                # a worker node that runs at least one subtask
+                victim = next((w for w in workers if w.node_id in hosting), None)
+                if victim is not None:
                     cluster.remove_node(victim, allow_graceful=False)
                     removed.set()
 
