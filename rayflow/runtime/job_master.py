@@ -247,7 +247,7 @@ class JobMaster:
                 self.graph,
                 self.actors,
                 attempt,
-                (restore.checkpoint_id + 1) if restore else self._first_checkpoint_id(),
+                self._next_checkpoint_id(restore),
                 self._fail_attempt,
                 plan.for_job_master(attempt) if plan else [],
                 self.checkpoint_stats,
@@ -303,9 +303,13 @@ class JobMaster:
         primary = [f for f in failures if not getattr(f, "secondary", False)]
         return (primary or failures)[0]
 
-    def _first_checkpoint_id(self) -> int:
+    def _next_checkpoint_id(self, restore: CompletedCheckpoint | None) -> int:
+        """Above every id in storage, not only above the restored one: restoring an older
+        checkpoint must never write blobs into a newer one's directory, whose metadata
+        would then describe foreign blobs."""
         ids = self.storage.completed_ids() if self.storage else []
-        return (ids[-1] + 1) if ids else 1
+        newest = max([*ids, restore.checkpoint_id if restore else 0])
+        return newest + 1
 
     def _fail_attempt(self, exc: BaseException) -> None:
         if self._attempt_failure is not None and not self._attempt_failure.done():
