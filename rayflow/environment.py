@@ -7,7 +7,6 @@ local Ray) and returns a :class:`JobResult`; ``execute_async`` returns a
 
 from __future__ import annotations
 
-import copy
 import os
 import time
 import uuid
@@ -16,22 +15,20 @@ from typing import Any
 
 import ray
 
-from rayflow.checkpoint.storage import CheckpointStorage, open_checkpoint_path
-from rayflow.config import (
-    CheckpointConfig,
-    CheckpointingMode,
-    RestartStrategy,
-    default_restart_strategy,
-)
+from rayflow.checkpoint.metadata import CheckpointMetadata
+from rayflow.checkpoint.storage import JobStorage, new_run_id, open_checkpoint_path
+from rayflow.config import CheckpointConfig, CheckpointingMode, RestartStrategy
 from rayflow.datastream import DataStream
-from rayflow.errors import JobFailedError
+from rayflow.errors import JobCancelledError, JobFailedError
 from rayflow.guarantees import DeliveryGuarantee, end_to_end
 from rayflow.keygroups import DEFAULT_MAX_PARALLELISM
 from rayflow.plan.logical import LogicalPlan
 from rayflow.plan.physical import JobGraph, build_job_graph
 from rayflow.runtime.job_master import JobMaster, JobSettings, _unwrap
+from rayflow.runtime.supervisor import RestartSupervisor
 from rayflow.sink import Sink, UnsupportedGuaranteeError
 from rayflow.sources import CollectionSource, Source
+from rayflow.status import FailureKind, JobState
 
 __all__ = ["StreamExecutionEnvironment", "JobClient", "JobResult"]
 
@@ -63,6 +60,12 @@ class JobResult:
     restored_from: int | None = None
     job_master_restarts: int = 0
     guarantees: dict[str, str] = field(default_factory=dict)
+    run_id: str = ""
+    #: this run's checkpoint directory (``<storage>/<job>/<run id>``), None without checkpoints
+    checkpoint_location: str | None = None
+    #: counts of every checkpoint of the run by status, and running duration figures
+    #: (``checkpoints`` holds only the most recent ones)
+    checkpoint_summary: dict[str, Any] = field(default_factory=dict)
 
     @property
     def completed_checkpoints(self) -> list[dict[str, Any]]:
@@ -100,75 +103,98 @@ class JobResult:
 class JobClient:
     """A handle on a running job.
 
-    The client also supervises the job master: if the job master dies (its
-    process or node is lost), ``wait`` kills what is left of the job and starts
-    a new job master from the latest checkpoint in durable storage, as long as
-    the restart strategy allows.
+    The client also takes over when the job master dies (its process or node is
+    lost): it loads the run's restart supervisor from the run's checkpoint storage,
+    spends one restart of the same budget that attempt restarts use, makes sure every
+    actor of the old job master is dead, and starts a new job master, which restores
+    this run's newest checkpoint (or the point the run started from).
     """
 
     def __init__(self, job_name: str, job_id: str, graph: JobGraph, settings: JobSettings) -> None:
         self.job_name = job_name
         self.job_id = job_id
+        self.run_id = settings.run_id
         self._graph = graph
         self._settings = settings
         self._result: JobResult | None = None
         self._guarantees: dict[str, str] = {}
-        self._master_restarts = 0
-        self._master_strategy = copy.deepcopy(
-            settings.restart_strategy
-        ) or default_restart_strategy(settings.checkpointing)
+        self._state: JobState | None = None
         self._start_master()
 
     def _start_master(self) -> None:
+        generation = settings_generation(self._settings)
         self._master = JobMaster.options(
-            name=f"rayflow:{self.job_id}:master:{self._settings.attempt_base}",
+            name=f"rayflow:{self.job_id}:master:{generation}",
             max_concurrency=1000,
         ).remote(self._graph, self._settings)
         self._run_ref = self._master.run.remote()
 
-    def _restart_master(self, cause: BaseException) -> bool:
+    def _restart_master(self, exc: BaseException) -> bool:
+        """One supervisor for every restart: the master's loss spends the run's budget."""
         settings = self._settings
+        if getattr(exc, "actor_init_failed", False):
+            raise JobFailedError(
+                f"job {self.job_name!r} failed: its job master could not start, so no restart "
+                f"can help ({str(exc).strip().splitlines()[0]})"
+            ) from None
         if not settings.checkpointing:
             return False
-        delay = self._master_strategy.next_delay_s(time.time())
-        if delay is None:
+        storage = settings.storage()
+        try:
+            state = storage.read_job_state()
+        except Exception:  # noqa: BLE001 - unreadable: start from what the client knows
+            state = None
+        if state is None:
+            state = settings.supervisor or settings.new_supervisor().state
+        supervisor = RestartSupervisor(state)
+        if supervisor.job_state.is_terminal or supervisor.job_state is JobState.CANCELLING:
             return False
-        for actor in ray.util.list_named_actors(all_namespaces=True):
-            if actor["name"].startswith(f"rayflow:{self.job_id}:"):
-                try:
-                    ray.kill(ray.get_actor(actor["name"], namespace=actor["namespace"]))
-                except Exception:  # noqa: BLE001 - already gone
-                    pass
+        delay = supervisor.on_failure(
+            f"job master lost: {str(exc).strip().splitlines()[0] if str(exc).strip() else exc}",
+            FailureKind.JOB_MASTER_LOST,
+        )
+        if delay is None:
+            self._failure = supervisor.failure_message(self.job_name)
+            return False
+        _kill_job_actors(self.job_id)
         time.sleep(delay)
-        settings.restore_metadata = settings.storage().latest()
-        settings.attempt_base += 1000
-        settings.fault_plan = None
-        self._master_restarts += 1
+        settings.supervisor = supervisor.snapshot()
         self._start_master()
         return True
 
-    def get_job_status(self) -> str:
-        """CREATED, RUNNING, FINISHED, FAILED or CANCELED."""
+    def get_job_status(self) -> JobState:
+        """CREATED, RUNNING, RESTARTING, FINISHED, FAILED, CANCELLING or CANCELED."""
         if self._result is not None:
-            return "FINISHED"
+            return JobState.FINISHED
+        if self._state is not None:
+            return self._state
         try:
-            return ray.get(self._master.status.remote())["state"]
+            return JobState(ray.get(self._master.status.remote())["state"])
         except ray.exceptions.RayActorError:
-            return "FAILED"
+            return JobState.RESTARTING if self._settings.checkpointing else JobState.FAILED
 
     def _master_status(self) -> dict[str, Any]:
         return ray.get(self._master.status.remote())
 
     def checkpoints(self) -> list[dict[str, Any]]:
-        """Statistics of every checkpoint so far (completed, failed and aborted)."""
+        """Statistics of the most recent checkpoints (completed, failed and aborted)."""
         return ray.get(self._master.checkpoints.remote())
 
     def metrics(self) -> list[dict[str, Any]]:
         """Per-subtask metrics of the running job (records in/out, buffers, in-flight pushes)."""
         return ray.get(self._master.metrics.remote())
 
-    def cancel(self) -> None:
-        self._master.cancel.remote()
+    def cancel(self, timeout: float | None = 120.0) -> None:
+        """Cancel the job and return once it is cleaned up: every operator closed, open
+        transactions aborted (what completed checkpoints hold is committed), every actor
+        gone. ``wait()`` then raises :class:`~rayflow.errors.JobCancelledError`."""
+        if self._result is not None or self._state is not None:
+            return
+        try:
+            ray.get(self._master.cancel.remote())
+            ray.wait([self._run_ref], timeout=timeout)
+        except ray.exceptions.RayActorError:
+            pass
 
     def wait(self, timeout: float | None = None) -> JobResult:
         """Block until the job ends; raises :class:`~rayflow.errors.JobFailedError` if it failed."""
@@ -183,17 +209,23 @@ class JobClient:
             except ray.exceptions.GetTimeoutError:
                 raise
             except ray.exceptions.RayActorError as exc:
+                self._failure = None
                 if not self._restart_master(exc):
                     self._release()
+                    self._state = JobState.FAILED
                     raise JobFailedError(
-                        f"job {self.job_name!r} failed: its job master died ({exc})"
+                        self._failure
+                        or f"job {self.job_name!r} failed: its job master died ({exc})"
                     ) from None
             except Exception as exc:
                 self._release()
-                raise _unwrap(exc) from None
+                cause = _unwrap(exc)
+                self._state = (
+                    JobState.CANCELED if isinstance(cause, JobCancelledError) else JobState.FAILED
+                )
+                raise cause from None
         self._release()
         self._result = _build_result(self.job_name, self._graph, raw)
-        self._result.job_master_restarts = self._master_restarts
         self._result.guarantees = dict(self._guarantees)
         return self._result
 
@@ -204,6 +236,34 @@ class JobClient:
             ray.kill(self._master, no_restart=True)
         except Exception:  # noqa: BLE001 - already gone
             pass
+
+
+def settings_generation(settings: JobSettings) -> int:
+    return settings.supervisor.master_generation if settings.supervisor else 0
+
+
+def _kill_job_actors(job_id: str, timeout_s: float = 15.0) -> None:
+    """Kill every actor of a job and wait until each is dead: the next job master must
+    not deploy next to subtasks of the old one that still write."""
+    handles = []
+    for actor in ray.util.list_named_actors(all_namespaces=True):
+        if actor["name"].startswith(f"rayflow:{job_id}:"):
+            try:
+                handle = ray.get_actor(actor["name"], namespace=actor["namespace"])
+                ray.kill(handle, no_restart=True)
+                handles.append(handle)
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+    deadline = time.time() + timeout_s
+    for handle in handles:
+        while time.time() < deadline:
+            try:
+                ray.get(handle.ready.remote(), timeout=1.0)
+            except ray.exceptions.RayActorError:
+                break
+            except Exception:  # noqa: BLE001 - not answering yet
+                pass
+            time.sleep(0.05)
 
 
 def _build_result(job_name: str, graph: JobGraph, raw: dict[str, Any]) -> JobResult:
@@ -225,10 +285,14 @@ def _build_result(job_name: str, graph: JobGraph, raw: dict[str, Any]) -> JobRes
         metrics=metrics,
         sink_results=sink_results,
         checkpoints=raw["checkpoints"],
-        restarts=raw["restarts"],
+        restarts=raw["restarts"] - raw["master_restarts"],
         failures=raw["failures"],
         recovery_times_s=raw["recovery_times"],
         restored_from=raw["restored_from"],
+        job_master_restarts=raw["master_restarts"],
+        run_id=raw["run_id"],
+        checkpoint_location=raw["checkpoint_location"],
+        checkpoint_summary=raw["checkpoint_summary"],
     )
 
 
@@ -430,26 +494,35 @@ class StreamExecutionEnvironment:
     ) -> JobClient:
         """Start the job and return at once.
 
-        ``restore_from`` starts from a retained checkpoint of an earlier run: a
-        ``chk-<n>`` directory, a job's checkpoint directory (its latest checkpoint), or
-        ``"latest"`` (the latest checkpoint of ``job_name`` in the configured storage).
-        The parallelism may differ from the run that took it.
+        Every execution is a *run* with its own id; its checkpoints go to
+        ``<storage>/<job name>/<run id>/``, and a restart (of a subtask or of the job
+        master) only ever restores this run's checkpoints or the point the run started
+        from. ``restore_from`` starts from a retained checkpoint of an earlier run: a
+        ``chk-<n>`` directory, a run directory (its newest checkpoint), a job's
+        directory or ``"latest"`` (the newest completed checkpoint of ``job_name``
+        across all its runs in the configured storage). The parallelism may differ
+        from the run that took it.
         """
         graph = self.get_job_graph()
         if not graph.vertices:
             raise ValueError("execute: the job has no operators; add a source and a sink")
+        config = self._checkpoint_config
         settings = JobSettings(
             job_name=job_name,
             job_id=uuid.uuid4().hex[:12],
+            run_id=new_run_id(),
             channel_capacity=self._channel_capacity,
             send_window=self._send_window,
             subtask_options=dict(self._subtask_options),
-            checkpoint_config=self._checkpoint_config,
+            checkpoint_config=config,
             restart_strategy=self._restart_strategy,
-            fault_plan=self._fault_plan,
+            hooks=self._fault_plan,
         )
         if restore_from is not None:
-            settings.restore_metadata = self._load_restore(job_name, restore_from)
+            settings.initial_restore = self._load_restore(job_name, restore_from)
+        if config.is_checkpointing_enabled():
+            jobs = JobStorage(config.checkpoint_storage, job_name, config.storage_options)
+            settings.first_checkpoint_id = jobs.max_checkpoint_id() + 1
         ensure_ray()
         for sink in _sinks_of(graph):
             sink.setup(job_name)
@@ -457,13 +530,21 @@ class StreamExecutionEnvironment:
         client._guarantees = self.guarantees()
         return client
 
-    def _load_restore(self, job_name: str, restore_from: str) -> dict[str, Any]:
+    def _load_restore(self, job_name: str, restore_from: str) -> CheckpointMetadata:
         config = self._checkpoint_config
         if restore_from == "latest":
-            storage = CheckpointStorage(config.checkpoint_storage, job_name, config.storage_options)
+            storage: Any = JobStorage(config.checkpoint_storage, job_name, config.storage_options)
             checkpoint = None
         else:
             storage, checkpoint = open_checkpoint_path(restore_from, config.storage_options)
+        if isinstance(storage, JobStorage):
+            found = storage.latest()
+            if found is None:
+                raise FileNotFoundError(
+                    f"restore_from={restore_from!r}: no completed checkpoint under "
+                    f"{storage.location()!r}"
+                )
+            return found[1]
         ids = storage.completed_ids()
         if checkpoint is None:
             if not ids:

@@ -16,11 +16,14 @@ steps (before/after pre-commit, during commit, during abort).
 
 from __future__ import annotations
 
-import enum
 import os
 import random
 import signal
+import time
 from dataclasses import dataclass, field
+from typing import Any
+
+from rayflow.runtime.hooks import HookPoint, MasterHooks, RuntimeHooks, SubtaskHooks
 
 __all__ = [
     "Fault",
@@ -31,21 +34,26 @@ __all__ = [
     "wait_for_checkpoints",
 ]
 
+#: The points where a fault can fire: the runtime's hook points.
+FaultPoint = HookPoint
+
+#: What ``FaultPlan.random`` draws from unless told otherwise: every kind of fault.
+ALL_RANDOM_POINTS = [
+    FaultPoint.AFTER_RECORDS,
+    FaultPoint.DURING_ALIGNMENT,
+    FaultPoint.AFTER_SNAPSHOT,
+    FaultPoint.BEFORE_NOTIFY,
+    FaultPoint.JOB_MASTER_BEFORE_NOTIFY,
+    FaultPoint.JOB_MASTER_BEFORE_FIRST_CHECKPOINT,
+    FaultPoint.DURING_RECOVER,
+    FaultPoint.DURING_BLOB_WRITE,
+    FaultPoint.DURING_RESTART_DELAY,
+    FaultPoint.FINAL_NOTIFY,
+]
+
 
 class InjectedFault(RuntimeError):
     """Raised by a fault whose action is ``raise``."""
-
-
-class FaultPoint(str, enum.Enum):
-    AFTER_RECORDS = "after-records"
-    DURING_ALIGNMENT = "during-alignment"
-    AFTER_SNAPSHOT = "after-snapshot"
-    BEFORE_NOTIFY = "before-notify"  # job master kills the subtask after the commit point
-    JOB_MASTER_BEFORE_NOTIFY = "job-master-before-notify"  # the job master dies there
-    SINK_BEFORE_PRE_COMMIT = "sink-before-pre-commit"
-    SINK_AFTER_PRE_COMMIT = "sink-after-pre-commit"
-    SINK_DURING_COMMIT = "sink-during-commit"
-    SINK_DURING_ABORT = "sink-during-abort"
 
 
 @dataclass(frozen=True)
@@ -55,8 +63,13 @@ class Fault:
     ``vertex`` matches a subtask whose (chained) vertex name contains it; ``records``
     is the count of input records of this attempt after which AFTER_RECORDS fires;
     ``checkpoint`` is the n-th checkpoint (1-based) this attempt sees for the
-    checkpoint-bound points. ``action`` is ``sigkill`` (the process dies at once,
-    as with ``kill -9``) or ``raise`` (an exception in the subtask).
+    checkpoint-bound points. ``action``: ``sigkill`` (the process dies at once, as
+    with ``kill -9``), ``raise`` (an exception in the subtask), ``sleep`` (the thread
+    stalls ``seconds``; a slow thread, not a dead one) or ``drop`` (the step after the
+    point does not happen: a lost notification). DURING_RECOVER and DURING_BLOB_WRITE
+    stall by default and kill another subtask meanwhile, so the stalled thread
+    outlives its attempt; DURING_RESTART_DELAY kills a subtask kept for reuse;
+    FINAL_NOTIFY drops a final notification.
     """
 
     point: FaultPoint
@@ -66,6 +79,7 @@ class Fault:
     records: int = 0
     checkpoint: int = 1
     action: str = "sigkill"
+    seconds: float = 0.0
 
     def matches(self, vertex_name: str, subtask: int, attempt: int) -> bool:
         return (
@@ -77,11 +91,24 @@ class Fault:
     def fire(self) -> None:
         if self.action == "raise":
             raise InjectedFault(f"injected fault: {self}")
+        if self.action == "sleep":
+            time.sleep(self.seconds)
+            return
+        if self.action == "drop":
+            return
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+def _default_action(point: FaultPoint) -> tuple[str, float]:
+    if point in (FaultPoint.DURING_RECOVER, FaultPoint.DURING_BLOB_WRITE):
+        return "sleep", 2.0
+    if point is FaultPoint.FINAL_NOTIFY:
+        return "drop", 0.0
+    return "sigkill", 0.0
+
+
 @dataclass
-class FaultPlan:
+class FaultPlan(RuntimeHooks):
     faults: list[Fault] = field(default_factory=list)
 
     @classmethod
@@ -94,7 +121,11 @@ class FaultPlan:
         max_records: int = 200_000,
         points: list[FaultPoint] | None = None,
     ) -> FaultPlan:
-        """``kills`` faults, one in each of the attempts 0..kills-1, drawn from ``seed``."""
+        """``kills`` faults, one in each of the attempts 0..kills-1, drawn from ``seed``.
+
+        A stalled thread (DURING_RECOVER, DURING_BLOB_WRITE) comes with a kill of
+        another subtask in the same attempt, so the stalled work outlives its attempt.
+        """
         rng = random.Random(seed)
         points = points or [
             FaultPoint.AFTER_RECORDS,
@@ -102,47 +133,56 @@ class FaultPlan:
             FaultPoint.AFTER_SNAPSHOT,
             FaultPoint.BEFORE_NOTIFY,
         ]
-        faults = []
+        drawn = []
         for attempt in range(kills):
             point = points[attempt % len(points)] if attempt < len(points) else rng.choice(points)
-            faults.append(
-                Fault(
-                    point=point,
-                    attempt=attempt,
-                    vertex=rng.choice(vertices) if vertices else None,
-                    subtask=rng.randrange(parallelism),
-                    records=rng.randrange(1, max_records),
-                    checkpoint=rng.randint(1, 2),
+            drawn.append(
+                (
+                    point,
+                    rng.choice(vertices) if vertices else None,
+                    rng.randrange(parallelism),
+                    rng.randrange(1, max_records),
+                    rng.randint(1, 2),
                 )
             )
-        rng.shuffle(faults)
-        faults = [
-            Fault(f.point, attempt, f.vertex, f.subtask, f.records, f.checkpoint, f.action)
-            for attempt, f in enumerate(faults)
-        ]
+        rng.shuffle(drawn)
+        faults = []
+        for attempt, (point, vertex, subtask, records, checkpoint) in enumerate(drawn):
+            action, seconds = _default_action(point)
+            faults.append(
+                Fault(point, attempt, vertex, subtask, records, checkpoint, action, seconds)
+            )
+            if action in ("sleep", "drop") and point is not FaultPoint.FINAL_NOTIFY:
+                # the stall must outlive its attempt: something else fails meanwhile
+                faults.append(
+                    Fault(
+                        FaultPoint.AFTER_RECORDS,
+                        attempt,
+                        None,
+                        (subtask + 1) % parallelism,
+                        rng.randrange(1, max_records // 4 + 2),
+                    )
+                )
         return cls(faults)
 
-    def for_subtask(self, vertex_name: str, subtask: int, attempt: int) -> list[Fault]:
-        return [f for f in self.faults if f.matches(vertex_name, subtask, attempt)]
-
-    def for_job_master(self, attempt: int) -> list[Fault]:
-        return [
+    def for_subtask(self, vertex_name: str, subtask: int, attempt: int) -> SubtaskFaults | None:
+        mine = [
             f
             for f in self.faults
-            if f.attempt == attempt
-            and f.point in (FaultPoint.BEFORE_NOTIFY, FaultPoint.JOB_MASTER_BEFORE_NOTIFY)
+            if f.matches(vertex_name, subtask, attempt) and not f.point.in_job_master
         ]
+        return SubtaskFaults(mine) if mine else None
+
+    def for_job_master(self, attempt: int) -> MasterFaults | None:
+        mine = [f for f in self.faults if f.attempt == attempt and f.point.in_job_master]
+        return MasterFaults(mine) if mine else None
 
 
-class SubtaskFaults:
+class SubtaskFaults(SubtaskHooks):
     """The faults of one subtask attempt, checked at the protocol's points."""
 
     def __init__(self, faults: list[Fault]) -> None:
-        self.faults = [
-            f
-            for f in faults
-            if f.point not in (FaultPoint.BEFORE_NOTIFY, FaultPoint.JOB_MASTER_BEFORE_NOTIFY)
-        ]
+        self.faults = list(faults)
         self.record_threshold = min(
             (f.records for f in self.faults if f.point is FaultPoint.AFTER_RECORDS),
             default=None,
@@ -151,6 +191,7 @@ class SubtaskFaults:
 
     def after_records(self, records: int) -> None:
         if self.record_threshold is not None and records >= self.record_threshold:
+            self.record_threshold = None
             for f in self.faults:
                 if f.point is FaultPoint.AFTER_RECORDS:
                     f.fire()
@@ -161,12 +202,49 @@ class SubtaskFaults:
             return
         seen = self._checkpoints_seen[point] = self._checkpoints_seen.get(point, 0) + 1
         for f in self.faults:
-            if f.point is point and f.checkpoint == seen:
+            if f.point is point and (f.checkpoint == seen or point is FaultPoint.DURING_RECOVER):
                 f.fire()
 
 
-def inject_faults(env, plan: FaultPlan) -> None:
-    """Run ``env`` 's next job with ``plan``'s faults."""
+class MasterFaults(MasterHooks):
+    """The faults of one job master attempt."""
+
+    def __init__(self, faults: list[Fault]) -> None:
+        self.faults = list(faults)
+
+    def at(self, point: FaultPoint, checkpoint: int, subtasks: dict[tuple[str, int], Any]) -> bool:
+        import ray
+
+        proceed = True
+        for fault in list(self.faults):
+            if fault.point is not point:
+                continue
+            bound = point in (FaultPoint.BEFORE_NOTIFY, FaultPoint.JOB_MASTER_BEFORE_NOTIFY)
+            if bound and fault.checkpoint != checkpoint:
+                continue
+            targets = [
+                handle
+                for (name, index), handle in subtasks.items()
+                if index == fault.subtask and (fault.vertex is None or fault.vertex in name)
+            ]
+            if point in (FaultPoint.JOB_MASTER_BEFORE_NOTIFY,):
+                self.faults.remove(fault)
+                os.kill(os.getpid(), signal.SIGKILL)
+            if point is FaultPoint.JOB_MASTER_BEFORE_FIRST_CHECKPOINT:
+                self.faults.remove(fault)
+                os.kill(os.getpid(), signal.SIGKILL)
+            if not targets:
+                continue
+            self.faults.remove(fault)
+            if point is FaultPoint.FINAL_NOTIFY:
+                proceed = False
+            else:
+                ray.kill(targets[0], no_restart=True)
+        return proceed
+
+
+def inject_faults(env, plan: RuntimeHooks) -> None:
+    """Run ``env`` 's next job with ``plan``'s faults (any :class:`RuntimeHooks`)."""
     env._fault_plan = plan
 
 

@@ -21,20 +21,19 @@ more failed checkpoints in a row than tolerated fail the job attempt.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
-import os
-import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import ray
-
+from rayflow.checkpoint.metadata import CheckpointMetadata, SubtaskStateMeta
 from rayflow.checkpoint.storage import CheckpointStorage
 from rayflow.config import CheckpointConfig
 from rayflow.plan.physical import JobGraph
-from rayflow.testing import Fault, FaultPoint
+from rayflow.runtime.hooks import HookPoint, MasterHooks
+from rayflow.status import CheckpointFailureReason, CheckpointStatus
 
 log = logging.getLogger("rayflow.checkpoint")
 
@@ -54,8 +53,72 @@ class PendingCheckpoint:
 @dataclass
 class CompletedCheckpoint:
     checkpoint_id: int
-    metadata: dict[str, Any]
+    metadata: CheckpointMetadata
     refs: dict[SubtaskKey, Any] = field(default_factory=dict)
+
+
+class CheckpointIdCounter:
+    """Checkpoint ids of one run: strictly increasing across attempts and job master
+    restarts, never reused (after Flink's ``CheckpointIDCounter``). Ids are reserved in
+    blocks in the run's storage, so a job master started after this one died begins
+    above every id this one could have handed out."""
+
+    BLOCK = 64
+
+    def __init__(self, storage: CheckpointStorage | None, start: int) -> None:
+        self.storage = storage
+        self.next_id = max(1, start)
+        self.reserved = self.next_id - 1
+
+    @property
+    def needs_reservation(self) -> bool:
+        return self.next_id > self.reserved
+
+    def reserve(self) -> None:
+        """Durably reserve the next block of ids (blocking: storage may be remote)."""
+        reserved = self.next_id + self.BLOCK - 1
+        if self.storage is not None:
+            self.storage.reserve_ids(reserved)
+        self.reserved = reserved
+
+    def take(self) -> int:
+        if self.needs_reservation:
+            self.reserve()
+        cid = self.next_id
+        self.next_id += 1
+        return cid
+
+
+class CheckpointHistory:
+    """Statistics of the last ``size`` checkpoints plus running totals since the job
+    started: memory stays flat however long a job runs (Flink keeps 10 by default)."""
+
+    def __init__(self, size: int = 10) -> None:
+        self.recent: collections.deque[dict[str, Any]] = collections.deque(maxlen=size)
+        self.counts: dict[str, int] = {s.value: 0 for s in CheckpointStatus}
+        self.completed_ids: collections.deque[int] = collections.deque(maxlen=size)
+        self.total_duration_s = 0.0
+        self.max_duration_s = 0.0
+        self.latest_completed: int | None = None
+
+    def add(self, stats: dict[str, Any]) -> None:
+        self.recent.append(stats)
+        status = stats["status"]
+        self.counts[status] = self.counts.get(status, 0) + 1
+        if status == CheckpointStatus.COMPLETED:
+            self.completed_ids.append(stats["checkpoint_id"])
+            self.latest_completed = stats["checkpoint_id"]
+            self.total_duration_s += stats["duration_s"]
+            self.max_duration_s = max(self.max_duration_s, stats["duration_s"])
+
+    def summary(self) -> dict[str, Any]:
+        completed = self.counts[CheckpointStatus.COMPLETED.value]
+        return {
+            "counts": dict(self.counts),
+            "latest_completed": self.latest_completed,
+            "mean_duration_s": self.total_duration_s / completed if completed else None,
+            "max_duration_s": self.max_duration_s,
+        }
 
 
 class CheckpointFailureLimit(RuntimeError):
@@ -71,22 +134,24 @@ class CheckpointCoordinator:
         graph: JobGraph,
         tasks: dict[SubtaskKey, Any],
         attempt: int,
-        next_checkpoint_id: int,
+        ids: CheckpointIdCounter,
         on_failure: Callable[[BaseException], None],
-        faults: list[Fault],
-        stats: list[dict[str, Any]],
+        hooks: MasterHooks | None,
+        history: CheckpointHistory,
         latest: CompletedCheckpoint | None,
+        run_id: str | None = None,
     ) -> None:
         self.job_name = job_name
+        self.run_id = run_id
         self.config = config
         self.storage = storage
         self.graph = graph
         self.tasks = tasks
         self.attempt = attempt
-        self.next_id = next_checkpoint_id
+        self.ids = ids
         self.on_failure = on_failure
-        self.faults = list(faults)
-        self.stats = stats
+        self.hooks = hooks or MasterHooks()
+        self.history = history
         self.latest = latest
         self.sources = [k for k in tasks if graph.vertices[k[0]].is_source]
         self.pending: PendingCheckpoint | None = None
@@ -101,6 +166,10 @@ class CheckpointCoordinator:
         self._completing: asyncio.Future | None = None
         self._running: set[SubtaskKey] = set()
         self._all_running = asyncio.Event()
+        self._ended: set[SubtaskKey] = set()
+        self._final_id: int | None = None
+        self._renotify_task: asyncio.Task | None = None
+        self._background: set[asyncio.Task] = set()
 
     # --- lifecycle ----------------------------------------------------------------------
 
@@ -108,15 +177,30 @@ class CheckpointCoordinator:
         self._loop_task = asyncio.ensure_future(self._periodic())
 
     async def shutdown(self) -> None:
-        for task in (self._loop_task, self._timeout_task):
+        for task in (self._loop_task, self._timeout_task, self._renotify_task):
             if task is not None:
                 task.cancel()
         if self._completing is not None and not self._completing.done():
             # A commit point being written decides what the next attempt restores from.
             await asyncio.wait([self._completing], timeout=60)
         if self.pending is not None:
-            self._record(self.pending, "ABORTED", "job attempt ended")
+            self._record(
+                self.pending,
+                CheckpointStatus.ABORTED,
+                f"{CheckpointFailureReason.ATTEMPT_ENDED}: job attempt ended",
+            )
             self.pending = None
+        if self._background:
+            await asyncio.wait(list(self._background), timeout=30)
+
+    def subtask_ended(self, key: SubtaskKey) -> None:
+        """A subtask's ``run()`` returned: it needs no more notifications."""
+        self._ended.add(key)
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     def subtask_running(self, key: SubtaskKey) -> None:
         """A subtask restored its state and runs; checkpoints start once all of them do
@@ -137,6 +221,7 @@ class CheckpointCoordinator:
         min_pause = self.config.min_pause_between_checkpoints_ms / 1000.0
         try:
             await self._all_running.wait()
+            self.hooks.at(HookPoint.JOB_MASTER_BEFORE_FIRST_CHECKPOINT, 0, self._named_tasks())
             last_trigger = time.time()
             while not self._final_done:
                 if self.pending is None:
@@ -162,13 +247,14 @@ class CheckpointCoordinator:
             self.on_failure(exc)
 
     async def trigger(self, final: bool = False) -> int:
-        cid = self.next_id
-        self.next_id += 1
+        if self.ids.needs_reservation:
+            await asyncio.to_thread(self.ids.reserve)
+        cid = self.ids.take()
         now = time.time()
         self.pending = PendingCheckpoint(cid, now, final, set(self.tasks))
         self._timeout_task = asyncio.ensure_future(self._expire(cid))
         for key in self.sources:
-            self.tasks[key].trigger_checkpoint.remote(cid, now, final)
+            self.tasks[key].trigger_checkpoint.remote(self.attempt, cid, now, final)
         return cid
 
     async def _expire(self, cid: int) -> None:
@@ -178,7 +264,8 @@ class CheckpointCoordinator:
             missing = sorted(pending.expected - set(pending.acks))
             await self._abort(
                 pending,
-                f"timed out after {self.config.timeout_ms} ms waiting for subtasks {missing}",
+                f"{CheckpointFailureReason.TIMEOUT}: timed out after {self.config.timeout_ms} ms "
+                f"waiting for subtasks {missing}",
             )
 
     # --- acknowledgements ---------------------------------------------------------------
@@ -190,7 +277,7 @@ class CheckpointCoordinator:
         if key in pending.acks:
             return
         pending.acks[key] = info
-        pending.refs[key] = self.tasks[key].snapshot_blob.remote(cid)
+        pending.refs[key] = self.tasks[key].snapshot_blob.remote(self.attempt, cid)
         if len(pending.acks) == len(pending.expected):
             self._completing = asyncio.ensure_future(self._complete(pending))
             await self._completing
@@ -198,7 +285,9 @@ class CheckpointCoordinator:
     async def decline(self, cid: int, key: SubtaskKey, reason: str) -> None:
         pending = self.pending
         if pending is not None and pending.checkpoint_id == cid:
-            await self._abort(pending, f"declined by subtask {key}: {reason}")
+            await self._abort(
+                pending, f"{CheckpointFailureReason.DECLINED}: declined by subtask {key}: {reason}"
+            )
 
     async def _complete(self, pending: PendingCheckpoint) -> None:
         cid = pending.checkpoint_id
@@ -210,7 +299,10 @@ class CheckpointCoordinator:
             await asyncio.to_thread(self.storage.commit_metadata, cid, metadata)
         except Exception as exc:  # noqa: BLE001
             await self._abort(
-                pending, f"metadata write failed: {type(exc).__name__}: {exc}", force=True
+                pending,
+                f"{CheckpointFailureReason.METADATA_WRITE_FAILED}: metadata write failed: "
+                f"{type(exc).__name__}: {exc}",
+                force=True,
             )
             return
         # ---- commit point: checkpoint `cid` exists from here on ----
@@ -220,37 +312,57 @@ class CheckpointCoordinator:
         self._checkpoints_this_attempt += 1
         previous = self.latest
         self.latest = CompletedCheckpoint(cid, metadata, dict(pending.refs))
-        self._record(pending, "COMPLETED", None, completed_at)
-        self._fire_master_faults()
-        for actor in self.tasks.values():
-            actor.notify_checkpoint_complete.remote(cid)
+        self._record(pending, CheckpointStatus.COMPLETED, None, completed_at)
+        named = self._named_tasks()
+        n = self._checkpoints_this_attempt
+        self.hooks.at(HookPoint.JOB_MASTER_BEFORE_NOTIFY, n, named)
+        self.hooks.at(HookPoint.BEFORE_NOTIFY, n, named)
+        self._notify_complete(cid, final=pending.final)
         if pending.final:
             self._final_done = True
-        self._subsume(previous)
+            self._final_id = cid
+            self._renotify_task = asyncio.ensure_future(self._renotify_final(cid))
+        del previous  # its object refs go out of scope here
+        self._spawn(self._subsume(cid))
         self._wakeup.set()
 
-    def _fire_master_faults(self) -> None:
-        for fault in list(self.faults):
-            if fault.checkpoint != self._checkpoints_this_attempt:
-                continue
-            self.faults.remove(fault)
-            if fault.point is FaultPoint.JOB_MASTER_BEFORE_NOTIFY:
-                os.kill(os.getpid(), signal.SIGKILL)
-            target = [
-                k
-                for k in self.tasks
-                if k[1] == fault.subtask
-                and (fault.vertex is None or fault.vertex in self.graph.vertices[k[0]].name)
-            ]
-            if target:
-                ray.kill(self.tasks[target[0]], no_restart=True)
+    def _named_tasks(self) -> dict[tuple[str, int], Any]:
+        return {(self.graph.vertices[k[0]].name, k[1]): a for k, a in self.tasks.items()}
 
-    def _subsume(self, previous: CompletedCheckpoint | None) -> None:
+    def _notify_complete(self, cid: int, final: bool) -> None:
+        for key, actor in self.tasks.items():
+            if key in self._ended:
+                continue
+            if final and not self.hooks.at(
+                HookPoint.FINAL_NOTIFY, 0, {(self.graph.vertices[key[0]].name, key[1]): actor}
+            ):
+                continue  # the notification is lost on its way
+            actor.notify_checkpoint_complete.remote(self.attempt, cid)
+
+    async def _renotify_final(self, cid: int) -> None:
+        """Notifications are best effort: a subtask that missed the final one would wait
+        for it forever, so it is sent again until every subtask has ended."""
+        while len(self._ended) < len(self.tasks):
+            await asyncio.sleep(0.5)
+            for key, actor in self.tasks.items():
+                if key not in self._ended:
+                    actor.notify_checkpoint_complete.remote(self.attempt, cid)
+
+    async def _subsume(self, newest: int) -> None:
+        """Drop checkpoints beyond the retained count, and directories of aborted ones
+        that late writes created again; off the event loop (storage may be remote)."""
         retained = self.config.num_retained_checkpoints
-        ids = self.storage.completed_ids()
-        for old in ids[:-retained] if len(ids) > retained else []:
-            self.storage.discard(old)
-        del previous  # its object refs go out of scope here
+
+        def collect() -> None:
+            ids = self.storage.completed_ids()
+            keep = ids[-retained:] if ids else [newest]
+            pending = self.pending.checkpoint_id if self.pending is not None else None
+            self.storage.collect_garbage(keep, in_flight=pending)
+
+        try:
+            await asyncio.to_thread(collect)
+        except Exception as exc:  # noqa: BLE001 - retried at the next completion
+            log.warning("checkpoint clean-up of %r failed: %s", self.job_name, exc)
 
     async def _abort(self, pending: PendingCheckpoint, reason: str, force: bool = False) -> None:
         if self.pending is not pending:
@@ -262,10 +374,10 @@ class CheckpointCoordinator:
             self._timeout_task.cancel()
         self._last_end = time.time()
         log.warning("checkpoint %d of %r aborted: %s", pending.checkpoint_id, self.job_name, reason)
-        self._record(pending, "FAILED", reason)
+        self._record(pending, CheckpointStatus.FAILED, reason)
         for actor in self.tasks.values():
-            actor.notify_checkpoint_aborted.remote(pending.checkpoint_id)
-        self.storage.discard(pending.checkpoint_id)
+            actor.notify_checkpoint_aborted.remote(self.attempt, pending.checkpoint_id)
+        self._spawn(asyncio.to_thread(self.storage.discard, pending.checkpoint_id))
         self._consecutive_failures += 1
         if self._consecutive_failures > self.config.tolerable_failed_checkpoints:
             self.on_failure(
@@ -279,7 +391,7 @@ class CheckpointCoordinator:
 
     # --- metadata and stats ---------------------------------------------------------------
 
-    def _metadata(self, pending: PendingCheckpoint, completed_at: float) -> dict[str, Any]:
+    def _metadata(self, pending: PendingCheckpoint, completed_at: float) -> CheckpointMetadata:
         subtasks = {}
         source_splits: dict[str, list[Any]] = {}
         for key, info in pending.acks.items():
@@ -288,33 +400,34 @@ class CheckpointCoordinator:
             if vertex.is_source:
                 uids.append(vertex.source_uid)
                 source_splits.setdefault(vertex.source_uid, []).extend(info["source_splits"] or [])
-            subtasks[key] = {
-                "path": info["path"],
-                "size": info["size"],
-                "uids": uids,
-                "parallelism": vertex.parallelism,
-                "vertex": vertex.name,
-            }
-        return {
-            "checkpoint_id": pending.checkpoint_id,
-            "job_name": self.job_name,
-            "trigger_time": pending.trigger_time,
-            "completed_at": completed_at,
-            "attempt": self.attempt,
-            "final": pending.final,
-            "subtasks": subtasks,
-            "source_splits": source_splits,
-        }
+            subtasks[key] = SubtaskStateMeta(
+                path=info["path"],
+                size=info["size"],
+                uids=tuple(uids),
+                parallelism=vertex.parallelism,
+                vertex=vertex.name,
+            )
+        return CheckpointMetadata(
+            checkpoint_id=pending.checkpoint_id,
+            job_name=self.job_name,
+            run_id=self.run_id,
+            attempt=self.attempt,
+            trigger_time=pending.trigger_time,
+            completed_at=completed_at,
+            final=pending.final,
+            subtasks=subtasks,
+            source_splits=source_splits,
+        )
 
     def _record(
         self,
         pending: PendingCheckpoint,
-        status: str,
+        status: CheckpointStatus,
         reason: str | None,
         completed_at: float | None = None,
     ) -> None:
         end = completed_at or time.time()
-        self.stats.append(
+        self.history.add(
             {
                 "checkpoint_id": pending.checkpoint_id,
                 "status": status,

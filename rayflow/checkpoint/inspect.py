@@ -7,7 +7,7 @@ import pickle
 from dataclasses import dataclass
 from typing import Any
 
-from rayflow.checkpoint.storage import CheckpointStorage, open_checkpoint_path
+from rayflow.checkpoint.storage import CheckpointStorage, JobStorage, open_checkpoint_path
 
 
 @dataclass
@@ -19,6 +19,7 @@ class CheckpointSummary:
     attempt: int
     operator_sizes: dict[str, int]
     subtasks: int
+    run_id: str | None = None
 
 
 def summarize(
@@ -27,22 +28,23 @@ def summarize(
     meta = storage.load_metadata(checkpoint_id)
     operator_sizes: dict[str, int] = {}
     if per_operator:
-        for entry in meta["subtasks"].values():
-            state = pickle.loads(storage.read_blob(entry["path"]))
+        for entry in meta.subtasks.values():
+            state = pickle.loads(storage.read_blob(entry.path))
             for uid, value in state.items():
                 operator_sizes[uid] = operator_sizes.get(uid, 0) + len(
                     pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
                 )
-        for uid, splits in meta["source_splits"].items():
+        for uid, splits in meta.source_splits.items():
             operator_sizes[uid] = len(pickle.dumps(splits, protocol=pickle.HIGHEST_PROTOCOL))
     return CheckpointSummary(
         checkpoint_id=checkpoint_id,
-        completed_at=meta["completed_at"],
-        size=sum(e["size"] for e in meta["subtasks"].values()),
-        final=meta["final"],
-        attempt=meta["attempt"],
+        completed_at=meta.completed_at,
+        size=meta.size,
+        final=meta.final,
+        attempt=meta.attempt,
         operator_sizes=operator_sizes,
-        subtasks=len(meta["subtasks"]),
+        subtasks=len(meta.subtasks),
+        run_id=meta.run_id,
     )
 
 
@@ -56,16 +58,29 @@ def _human(size: int) -> str:
 
 
 def describe(path: str, options: dict[str, Any] | None = None) -> str:
-    """A human-readable listing of the checkpoints at ``path`` (job dir or ``chk-<n>``)."""
+    """A human-readable listing of the checkpoints at ``path``: a job directory (every
+    run in it), a run directory, or one ``chk-<n>``."""
     storage, only = open_checkpoint_path(path, options)
-    ids = storage.completed_ids()
-    if only is not None:
-        if only not in ids:
-            raise FileNotFoundError(f"{path}: checkpoint {only} has no metadata (not completed)")
-        ids = [only]
-    if not ids:
+    runs = storage.runs() if isinstance(storage, JobStorage) else [storage]
+    lines: list[str] = []
+    for run in runs:
+        ids = run.completed_ids()
+        if only is not None:
+            if only not in ids:
+                raise FileNotFoundError(
+                    f"{path}: checkpoint {only} has no metadata (not completed)"
+                )
+            ids = [only]
+        if ids:
+            lines.extend(_describe_run(run, ids))
+    if not lines:
         raise FileNotFoundError(f"{path}: no completed checkpoint found")
-    lines = [f"checkpoints of job {storage.job_name!r} in {storage.location()}"]
+    return "\n".join(lines)
+
+
+def _describe_run(storage: CheckpointStorage, ids: list[int]) -> list[str]:
+    run = f" run {storage.run_id}" if storage.run_id else ""
+    lines = [f"checkpoints of job {storage.job_name!r}{run} in {storage.location()}"]
     lines.append(f"{'id':>6}  {'completed (UTC)':<19}  {'size':>10}  {'subtasks':>8}  final")
     summaries = [summarize(storage, cid) for cid in ids]
     for s in summaries:
@@ -78,4 +93,4 @@ def describe(path: str, options: dict[str, Any] | None = None) -> str:
         )
         for uid, size in sorted(s.operator_sizes.items()):
             lines.append(f"{'':>8}{uid:<30} {_human(size):>10}")
-    return "\n".join(lines)
+    return lines

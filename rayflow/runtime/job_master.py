@@ -1,24 +1,27 @@
-"""The job master: deploys a job's subtasks, runs its checkpoint coordinator,
-watches every subtask, and restarts the job from its latest checkpoint.
+"""The job master: a thin actor that runs one job's attempts under its restart supervisor.
 
-One job master actor runs per job. An *attempt* deploys every subtask (receivers
+One job master actor runs per job run (a new one replaces it if it dies; see
+:mod:`rayflow.runtime.supervisor`). An *attempt* deploys every subtask (receivers
 first, so each sender is built with its receivers' handles), restores state and
-source positions from the latest completed checkpoint, and starts every
-``run()``. The first failure of any ``run()`` (an exception in user code, an
-actor or process that died), a failed call, or too many failed checkpoints ends
-the attempt: the pending checkpoint is aborted, every subtask is killed, and the
-restart strategy decides whether attempt + 1 starts (after its delay) or the job
-fails with the cause. No actor outlives its job.
+source positions from the restore point, and starts every ``run()``. The first
+failure of any ``run()``, a failed call, an error while setting the attempt up, or
+too many failed checkpoints ends the attempt; the supervisor decides whether the
+next one starts (after its delay) or the job fails with the cause.
 
-Restore prefers the snapshot blobs the job master owns in the object store and
-falls back to the durable tier. If the job master itself dies, its driver-side
-``JobClient`` starts a new one from the latest checkpoint in durable storage.
+**Restore point.** The newest checkpoint completed in this run, else the point the
+run itself started from (``restore_from``), else nothing: never another run's
+checkpoint, even after the job master died and a new one took over.
+
+**Fencing.** Attempt numbers only grow within a run, also across job masters. Every
+message to and from a subtask carries its attempt and is dropped by the other side
+when the attempt is not current. Subtask actors that survive a failed attempt are
+reused for the next one only when no thread of the old attempt still runs in them;
+otherwise they are killed, and the next attempt starts only once they are dead.
 """
 
 from __future__ import annotations
 
 import asyncio
-import copy
 import logging
 import time
 from dataclasses import dataclass, field
@@ -27,35 +30,51 @@ from typing import Any
 import ray
 from ray.exceptions import RayActorError, RayTaskError
 
-from rayflow.checkpoint.coordinator import CheckpointCoordinator, CompletedCheckpoint
+from rayflow.checkpoint.coordinator import (
+    CheckpointCoordinator,
+    CheckpointHistory,
+    CheckpointIdCounter,
+    CompletedCheckpoint,
+)
+from rayflow.checkpoint.metadata import CheckpointMetadata
 from rayflow.checkpoint.storage import CheckpointStorage
 from rayflow.config import CheckpointConfig, RestartStrategy, default_restart_strategy
 from rayflow.errors import JobCancelledError, JobFailedError, OperatorError
 from rayflow.plan.partitioners import PartitionKind
 from rayflow.plan.physical import JobGraph
+from rayflow.runtime.hooks import HookPoint, RuntimeHooks
 from rayflow.runtime.subtask import (
     OutputDeployment,
     StateHandle,
     SubtaskActor,
     SubtaskDeployment,
 )
-from rayflow.testing import FaultPlan
+from rayflow.runtime.supervisor import RestartSupervisor, SupervisorState
+from rayflow.status import FailureKind, JobState
 
 log = logging.getLogger("rayflow.job")
+
+#: How many checkpoints' statistics the job master keeps (Flink's default history size).
+CHECKPOINT_HISTORY = 10
 
 
 @dataclass
 class JobSettings:
     job_name: str
     job_id: str = ""
+    run_id: str = ""
     channel_capacity: int = 8
     send_window: int = 8
     subtask_options: dict[str, Any] = field(default_factory=dict)
     checkpoint_config: CheckpointConfig = field(default_factory=CheckpointConfig)
     restart_strategy: RestartStrategy | None = None
-    fault_plan: FaultPlan | None = None
-    restore_metadata: dict[str, Any] | None = None
-    attempt_base: int = 0
+    hooks: RuntimeHooks | None = None
+    #: the point this run started from (``restore_from``), never replaced
+    initial_restore: CheckpointMetadata | None = None
+    #: ids of this run's checkpoints start here (above every id of earlier runs)
+    first_checkpoint_id: int = 1
+    #: the supervisor's state a (new) job master starts from
+    supervisor: SupervisorState | None = None
 
     @property
     def checkpointing(self) -> bool:
@@ -63,10 +82,16 @@ class JobSettings:
 
     def storage(self) -> CheckpointStorage:
         c = self.checkpoint_config
-        return CheckpointStorage(c.checkpoint_storage, self.job_name, c.storage_options)
+        return CheckpointStorage(
+            c.checkpoint_storage, self.job_name, c.storage_options, run_id=self.run_id or None
+        )
+
+    def new_supervisor(self) -> RestartSupervisor:
+        strategy = self.restart_strategy or default_restart_strategy(self.checkpointing)
+        return RestartSupervisor.new(self.run_id, strategy)
 
 
-def subtask_actor_name(job_id: str, vertex_id: int, index: int, incarnation: int) -> str:
+def subtask_actor_name(job_id: str, vertex_id: int, index: int, incarnation: str) -> str:
     """Subtask actors are named, so tools (and tests) can find every actor of a job."""
     return f"rayflow:{job_id}:v{vertex_id}:s{index}:{incarnation}"
 
@@ -88,29 +113,50 @@ class _AttemptFailed(Exception):
         self.secondary = secondary
 
 
+async def kill_and_wait(actors: Any, timeout_s: float = 15.0) -> None:
+    """Kill actors and return once each is dead (or ``timeout_s`` passed): after this no
+    thread of theirs writes anything."""
+    actors = list(actors)
+    for actor in actors:
+        try:
+            ray.kill(actor, no_restart=True)
+        except Exception:  # noqa: BLE001 - already gone
+            pass
+
+    async def dead(actor: Any) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                await asyncio.wait_for(actor.ready.remote(), timeout=1.0)
+            except RayActorError:
+                return
+            except Exception:  # noqa: BLE001 - still going away
+                pass
+            await asyncio.sleep(0.05)
+
+    if actors:
+        await asyncio.gather(*(dead(a) for a in actors))
+
+
 @ray.remote(max_restarts=0, max_task_retries=0)
 class JobMaster:
     def __init__(self, graph: JobGraph, settings: JobSettings) -> None:
         self.graph = graph
         self.settings = settings
-        self.state = "CREATED"
-        self.failure: str | None = None
-        self.failures: list[str] = []
+        state = settings.supervisor
+        self.supervisor = RestartSupervisor(state) if state else settings.new_supervisor()
+        self.generation = self.supervisor.start_master()
         self.actors: dict[tuple[int, int], Any] = {}
-        self.attempt = settings.attempt_base
+        self.attempt = -1
         self.started_at: float | None = None
         self.finished_at: float | None = None
-        self.checkpoint_stats: list[dict[str, Any]] = []
+        self.history = CheckpointHistory(CHECKPOINT_HISTORY)
         self.coordinator: CheckpointCoordinator | None = None
         self.storage = settings.storage() if settings.checkpointing else None
-        self.restart_strategy = copy.deepcopy(
-            settings.restart_strategy or default_restart_strategy(settings.checkpointing)
-        )
         self.latest: CompletedCheckpoint | None = None
-        if settings.restore_metadata is not None:
-            meta = settings.restore_metadata
-            self.latest = CompletedCheckpoint(meta["checkpoint_id"], meta)
-        self.restored_from = self.latest.checkpoint_id if self.latest else None
+        self.ids: CheckpointIdCounter | None = None
+        self.restored_from: int | None = None
+        self._looked_up_storage = False
         self._cancelled = asyncio.Event()
         self._attempt_failure: asyncio.Future | None = None
         self._exhausted: set[tuple[int, int]] = set()
@@ -123,18 +169,23 @@ class JobMaster:
     # --- queries ------------------------------------------------------------------------
 
     async def status(self) -> dict[str, Any]:
+        s = self.supervisor.state
         return {
-            "state": self.state,
-            "attempt": self.attempt,
-            "restarts": self.attempt - self.settings.attempt_base,
-            "failure": self.failure,
-            "failures": list(self.failures),
+            "state": s.state,
+            "attempt": s.attempt,
+            "restarts": s.restarts,
+            "master_restarts": s.master_restarts,
+            "failure": s.cause,
+            "failures": [f.cause for f in s.failures],
+            "failure_count": s.failure_count,
             "started_at": self.started_at,
             "finished_at": self.finished_at,
-            "completed_checkpoints": [
-                s["checkpoint_id"] for s in self.checkpoint_stats if s["status"] == "COMPLETED"
-            ],
+            "completed_checkpoints": list(self.history.completed_ids),
+            "checkpoint_summary": self.history.summary(),
         }
+
+    async def supervisor_state(self) -> SupervisorState:
+        return self.supervisor.snapshot()
 
     async def metrics(self) -> list[dict[str, Any]]:
         refs = [actor.metrics.remote() for actor in self.actors.values()]
@@ -147,7 +198,8 @@ class JobMaster:
         return out
 
     async def checkpoints(self) -> list[dict[str, Any]]:
-        return list(self.checkpoint_stats)
+        """Statistics of the most recent checkpoints (at most ``CHECKPOINT_HISTORY``)."""
+        return list(self.history.recent)
 
     async def cancel(self) -> None:
         self._cancelled.set()
@@ -182,64 +234,164 @@ class JobMaster:
 
     async def run(self) -> dict[str, Any]:
         self.started_at = time.time()
-        self.state = "RUNNING"
         try:
             outputs = await self._run_with_restarts()
-        except BaseException as exc:
-            self.state = "CANCELED" if isinstance(exc, JobCancelledError) else "FAILED"
-            self.failure = str(exc)
-            raise
         finally:
             self.finished_at = time.time()
-            await self._stop_attempt()
-        self.state = "FINISHED"
         return {
             "outputs": outputs,
             "started_at": self.started_at,
             "finished_at": self.finished_at,
-            "checkpoints": self.checkpoint_stats,
-            "restarts": self.attempt - self.settings.attempt_base,
-            "failures": self.failures,
+            "checkpoints": list(self.history.recent),
+            "checkpoint_summary": self.history.summary(),
+            "restarts": self.supervisor.state.restarts,
+            "master_restarts": self.supervisor.state.master_restarts,
+            "failures": [f.cause for f in self.supervisor.state.failures],
             "recovery_times": self.recovery_times,
             "restored_from": self.restored_from,
+            "run_id": self.settings.run_id,
+            "checkpoint_location": self.storage.location() if self.storage else None,
         }
 
-    async def _run_with_restarts(self) -> dict[int, list[Any]]:
-        while True:
-            try:
-                return await self._run_attempt()
-            except _AttemptFailed as failed:
-                cause = str(failed)
-                self.failures.append(cause)
-                log.warning(
-                    "job %r attempt %d failed: %s", self.settings.job_name, self.attempt, cause
-                )
-                failed_at = time.time()
-                await self._stop_attempt(reuse=True)
-                delay = self.restart_strategy.next_delay_s(failed_at)
-                if delay is None:
-                    restarts = self.attempt - self.settings.attempt_base
-                    raise JobFailedError(
-                        f"job {self.settings.job_name!r} failed after {restarts} restart(s) "
-                        f"(restart strategy: {self.restart_strategy.description}); "
-                        f"cause: {cause}"
-                    ) from None
-                self._recovery_started = failed_at
-                await asyncio.sleep(delay)
-                self.attempt += 1
+    async def _persist(self) -> None:
+        """Write the supervisor's state into the run's storage (what a job master started
+        after this one dies continues from)."""
+        if self.storage is not None:
+            await asyncio.to_thread(self.storage.write_job_state, self.supervisor.snapshot())
 
-    async def _run_attempt(self) -> dict[int, list[Any]]:
-        settings = self.settings
-        attempt = self.attempt
+    async def _run_with_restarts(self) -> dict[int, list[Any]]:
+        supervisor, name = self.supervisor, self.settings.job_name
+        while True:
+            if self._cancelled.is_set():
+                await self._finish_cancel()
+            kind = FailureKind.RESTART_SETUP
+            try:
+                self.attempt = supervisor.start_attempt()
+                await self._persist()
+                kind = FailureKind.ATTEMPT
+                outputs = await self._run_attempt(self.attempt)
+                await self._stop_attempt()
+                supervisor.move_to(JobState.FINISHED)
+                await self._persist_quietly()
+                return outputs
+            except JobCancelledError:
+                await self._finish_cancel()
+            except Exception as exc:  # noqa: BLE001 - every failure goes to the supervisor
+                if isinstance(exc, _AttemptFailed):
+                    cause = str(exc)
+                else:
+                    cause = f"{type(exc).__name__}: {exc}"
+                    if kind is FailureKind.ATTEMPT:
+                        kind = FailureKind.RESTART_SETUP
+                failed_at = time.time()
+                log.warning("job %r attempt %d failed: %s", name, self.attempt, cause)
+                try:
+                    await self._stop_attempt(reuse=True)
+                except Exception as stop_exc:  # noqa: BLE001
+                    log.warning("job %r: stopping attempt %d: %s", name, self.attempt, stop_exc)
+                    await self._kill_everything()
+                delay = supervisor.on_failure(cause, kind, failed_at)
+                if delay is None:
+                    await self._kill_everything()
+                    supervisor.move_to(JobState.FAILED)
+                    await self._persist_quietly()
+                    raise JobFailedError(supervisor.failure_message(name)) from None
+                await self._persist_quietly()
+                self._recovery_started = failed_at
+                await self._restart_delay(delay)
+
+    async def _persist_quietly(self) -> None:
+        try:
+            await self._persist()
+        except Exception as exc:  # noqa: BLE001 - the next persist retries
+            log.warning("job %r: could not record its state: %s", self.settings.job_name, exc)
+
+    async def _restart_delay(self, delay: float) -> None:
+        hooks = self.settings.hooks.for_job_master(self.attempt) if self.settings.hooks else None
+        if hooks is not None:
+            named = {(self.graph.vertices[k[0]].name, k[1]): a for k, a in self._spare.items()}
+            hooks.at(HookPoint.DURING_RESTART_DELAY, 0, named)
+        try:
+            await asyncio.wait_for(self._cancelled.wait(), timeout=delay)
+        except asyncio.TimeoutError:
+            pass
+
+    async def _finish_cancel(self) -> None:
+        """Cancel: commit what completed checkpoints hold, abort every other transaction,
+        close every operator, and only then let the actors go."""
+        self.supervisor.cancel()
+        latest = self._latest_completed_id()
+        coordinator, self.coordinator = self.coordinator, None
+        if coordinator is not None:
+            await coordinator.shutdown()
+            if coordinator.latest is not None:
+                latest = coordinator.latest.checkpoint_id
+        actors = {**self._spare, **self.actors}
+        refs = list(self._run_refs.values())
+        self._spare, self.actors, self._run_refs = {}, {}, {}
+        for ref in refs:
+            ray.cancel(ref)
+        if refs:
+            await asyncio.wait([asyncio.ensure_future(self._settle(r)) for r in refs], timeout=30)
+        if actors:
+            calls = [a.close_for_cancel.remote(self.attempt, latest) for a in actors.values()]
+            await asyncio.wait([asyncio.ensure_future(self._settle(c)) for c in calls], timeout=60)
+        await kill_and_wait(actors.values())
+        self.supervisor.move_to(JobState.CANCELED)
+        await self._persist_quietly()
+        raise JobCancelledError(f"job {self.settings.job_name!r} was cancelled")
+
+    def _latest_completed_id(self) -> int | None:
+        if self.coordinator is not None and self.coordinator.latest is not None:
+            return self.coordinator.latest.checkpoint_id
+        return self.latest.checkpoint_id if self.latest is not None else None
+
+    async def _restore_point(self) -> CompletedCheckpoint | None:
+        """This run's newest completed checkpoint, else the point the run started from."""
         if self.coordinator is not None and self.coordinator.latest is not None:
             self.latest = self.coordinator.latest
-        restore = self.latest if settings.checkpointing else None
+        if self.latest is None and not self._looked_up_storage and self.storage is not None:
+            # A job master taking over a run: its predecessor's checkpoints, if any.
+            meta = await asyncio.to_thread(self.storage.latest)
+            if meta is not None:
+                if meta.run_id not in (None, self.settings.run_id):
+                    raise RuntimeError(
+                        f"checkpoint {meta.checkpoint_id} in {self.storage.location()} belongs "
+                        f"to run {meta.run_id}, not {self.settings.run_id}"
+                    )
+                self.latest = CompletedCheckpoint(meta.checkpoint_id, meta)
+            self._looked_up_storage = True
+        if self.latest is None and self.settings.initial_restore is not None:
+            meta = self.settings.initial_restore
+            self.latest = CompletedCheckpoint(meta.checkpoint_id, meta)
+        if self.latest is not None:
+            self.restored_from = self.latest.checkpoint_id
+        return self.latest if self.settings.checkpointing else None
+
+    async def _id_counter(self, restore: CompletedCheckpoint | None) -> CheckpointIdCounter:
+        if self.ids is None:
+            storage = self.storage
+            start = self.settings.first_checkpoint_id
+            if storage is not None:
+                mark, existing = await asyncio.to_thread(
+                    lambda: (storage.id_mark(), storage.checkpoint_ids())
+                )
+                start = max(start, mark + 1, (existing[-1] + 1) if existing else 1)
+            if restore is not None:
+                start = max(start, restore.checkpoint_id + 1)
+            self.ids = CheckpointIdCounter(storage, start)
+        return self.ids
+
+    async def _run_attempt(self, attempt: int) -> dict[int, list[Any]]:
+        settings = self.settings
+        restore = await self._restore_point()
         self._exhausted = set()
-        await asyncio.gather(*self._deploy(attempt, restore))
+        ids = await self._id_counter(restore) if settings.checkpointing else None
+        await self._deploy(attempt, restore)
         loop = asyncio.get_running_loop()
         self._attempt_failure = loop.create_future()
         if settings.checkpointing:
-            plan = settings.fault_plan
+            hooks = settings.hooks.for_job_master(attempt) if settings.hooks else None
             self.coordinator = CheckpointCoordinator(
                 settings.job_name,
                 settings.checkpoint_config,
@@ -247,11 +399,12 @@ class JobMaster:
                 self.graph,
                 self.actors,
                 attempt,
-                self._next_checkpoint_id(restore),
+                ids,
                 self._fail_attempt,
-                plan.for_job_master(attempt) if plan else [],
-                self.checkpoint_stats,
+                hooks,
+                self.history,
                 restore,
+                run_id=settings.run_id,
             )
             self.coordinator.start()
         self._run_refs = {key: actor.run.remote() for key, actor in self.actors.items()}
@@ -282,6 +435,8 @@ class JobMaster:
                     raise await self._root_cause(failures, pending)
                 for task in done:
                     results[tasks[task]] = task.result()
+                    if self.coordinator is not None:
+                        self.coordinator.subtask_ended(tasks[task])
         finally:
             cancel_task.cancel()
             for task in pending:
@@ -303,14 +458,6 @@ class JobMaster:
         primary = [f for f in failures if not getattr(f, "secondary", False)]
         return (primary or failures)[0]
 
-    def _next_checkpoint_id(self, restore: CompletedCheckpoint | None) -> int:
-        """Above every id in storage, not only above the restored one: restoring an older
-        checkpoint must never write blobs into a newer one's directory, whose metadata
-        would then describe foreign blobs."""
-        ids = self.storage.completed_ids() if self.storage else []
-        newest = max([*ids, restore.checkpoint_id if restore else 0])
-        return newest + 1
-
     def _fail_attempt(self, exc: BaseException) -> None:
         if self._attempt_failure is not None and not self._attempt_failure.done():
             self._attempt_failure.set_result(f"{type(exc).__name__}: {exc}")
@@ -326,6 +473,7 @@ class JobMaster:
                 return
             if all(m["attempt"] == attempt and m["records_in"] > 0 for m in metrics):
                 self.recovery_times.append(time.time() - failed_at)
+                del self.recovery_times[:-100]
                 return
             await asyncio.sleep(0.02)
 
@@ -350,35 +498,47 @@ class JobMaster:
 
     async def _stop_attempt(self, reuse: bool = False) -> None:
         """End the current attempt. Every subtask's ``run()`` has ended when this returns,
-        so nothing of this attempt writes next to its successor's recovery.
+        and every actor not kept for reuse is dead, so nothing of this attempt writes next
+        to its successor's recovery.
 
-        With ``reuse``, subtasks that are still alive are kept for the next attempt (their
-        ``run()`` is cancelled; Flink likewise redeploys into surviving slots), so a
-        restart only starts processes for the subtasks that died.
+        With ``reuse``, subtasks that are alive and run no thread of this attempt are kept
+        for the next attempt (their ``run()`` is cancelled; Flink likewise redeploys into
+        surviving slots), so a restart only starts processes for the others.
         """
-        if self.coordinator is not None:
-            await self.coordinator.shutdown()
-        self._kill(self._spare.values())
-        self._spare = {}
+        coordinator, self.coordinator = self.coordinator, None
+        if coordinator is not None:
+            if coordinator.latest is not None:
+                self.latest = coordinator.latest
+            await coordinator.shutdown()
         actors, refs = self.actors, self._run_refs
         self.actors, self._run_refs = {}, {}
-        if reuse:
+        if not reuse:
+            self._kill(actors.values())
+        else:
             for ref in refs.values():
                 ray.cancel(ref)
-        else:
-            self._kill(actors.values())
         if refs:
             await asyncio.wait(
                 [asyncio.ensure_future(self._settle(ref)) for ref in refs.values()], timeout=30
             )
         if reuse:
-            checks = {key: asyncio.ensure_future(self._alive(a)) for key, a in actors.items()}
+            attempt = self.attempt
+            checks = {
+                key: asyncio.ensure_future(self._reusable(a, attempt)) for key, a in actors.items()
+            }
             await asyncio.wait(checks.values(), timeout=10)
+            doomed = []
             for key, check in checks.items():
                 if check.done() and check.result():
                     self._spare[key] = actors[key]
                 else:
-                    self._kill([actors[key]])
+                    doomed.append(actors[key])
+            await kill_and_wait(doomed)
+
+    async def _kill_everything(self) -> None:
+        actors = [*self.actors.values(), *self._spare.values()]
+        self.actors, self._spare, self._run_refs = {}, {}, {}
+        await kill_and_wait(actors)
 
     @staticmethod
     def _kill(actors: Any) -> None:
@@ -389,9 +549,9 @@ class JobMaster:
                 pass
 
     @staticmethod
-    async def _alive(actor: Any) -> bool:
+    async def _reusable(actor: Any, attempt: int) -> bool:
         try:
-            return await asyncio.wait_for(actor.ready.remote(), timeout=5)
+            return await asyncio.wait_for(actor.quiesce.remote(attempt), timeout=5)
         except BaseException:  # noqa: BLE001 - dead or hung: not reused
             return False
 
@@ -404,13 +564,17 @@ class JobMaster:
 
     # --- deployment ---------------------------------------------------------------------
 
-    def _deploy(self, attempt: int, restore: CompletedCheckpoint | None) -> list[Any]:
-        """Create or redeploy every subtask; returns the redeploy calls to await."""
+    async def _deploy(
+        self, attempt: int, restore: CompletedCheckpoint | None, tries: int = 2
+    ) -> None:
+        """Create or redeploy every subtask. A kept actor that died meanwhile, or that
+        refuses the redeploy, is replaced by a new one."""
         graph, settings = self.graph, self.settings
         me = ray.get_runtime_context().current_actor
-        plan = settings.fault_plan
+        hooks = settings.hooks
         actors: dict[tuple[int, int], Any] = {}
-        redeploys: list[Any] = []
+        deployments: dict[tuple[int, int], SubtaskDeployment] = {}
+        redeploys: dict[tuple[int, int], Any] = {}
         for vertex_id in reversed(graph.topological_order()):
             vertex = graph.vertices[vertex_id]
             splits = self._source_splits(vertex, restore) if vertex.is_source else None
@@ -434,8 +598,11 @@ class JobMaster:
                                 )
                                 for r in receivers
                             ],
+                            # keys are routed by the receiving operator's key groups
+                            max_parallelism=target.max_parallelism,
                         )
                     )
+                key = (vertex_id, index)
                 deployment = SubtaskDeployment(
                     job_name=settings.job_name,
                     vertex=vertex,
@@ -453,26 +620,54 @@ class JobMaster:
                     master=me,
                     restore=handles,
                     restored_checkpoint=restore.checkpoint_id if restore else None,
-                    faults=plan.for_subtask(vertex.name, index, attempt) if plan else [],
+                    hooks=hooks.for_subtask(vertex.name, index, attempt) if hooks else None,
+                    run_id=settings.run_id,
                 )
-                spare = self._spare.pop((vertex_id, index), None)
+                deployments[key] = deployment
+                spare = self._spare.pop(key, None)
                 if spare is not None:
-                    actors[(vertex_id, index)] = spare
-                    redeploys.append(spare.redeploy.remote(deployment))
+                    actors[key] = spare
+                    redeploys[key] = spare.redeploy.remote(deployment)
                     continue
-                self._incarnations += 1
-                actors[(vertex_id, index)] = SubtaskActor.options(
-                    name=subtask_actor_name(settings.job_id, vertex_id, index, self._incarnations),
-                    **settings.subtask_options,
-                ).remote(deployment)
-        self._kill(self._spare.values())
+                actors[key] = self._new_actor(key, deployment)
+        leftover = list(self._spare.values())
         self._spare = {}
         self.actors = actors
-        return redeploys
+        await kill_and_wait(leftover)
+        failed = []
+        for key, ref in redeploys.items():
+            try:
+                accepted = await asyncio.wait_for(ref, timeout=30)
+            except Exception:  # noqa: BLE001 - died during the restart delay, say
+                accepted = False
+            if not accepted:
+                failed.append(key)
+        if failed:
+            # A kept actor is gone or not clean. Senders were built with its handle, so
+            # every subtask is deployed again (nothing ran yet), with fresh actors for those.
+            if tries <= 0:
+                raise RuntimeError(f"subtasks {sorted(failed)} could not be deployed")
+            log.info("job %r: replacing kept subtasks %s", self.settings.job_name, failed)
+            await kill_and_wait([self.actors.pop(key) for key in failed])
+            self._spare, self.actors = dict(self.actors), {}
+            await self._deploy(attempt, restore, tries - 1)
+
+    def _new_actor(self, key: tuple[int, int], deployment: SubtaskDeployment) -> Any:
+        self._incarnations += 1
+        settings = self.settings
+        channels = deployment.num_input_channels
+        return SubtaskActor.options(
+            name=subtask_actor_name(
+                settings.job_id, key[0], key[1], f"g{self.generation}-{self._incarnations}"
+            ),
+            # every input channel may have a full send window of pushes in flight
+            max_concurrency=max(1000, channels * (settings.send_window + 2) + 64),
+            **settings.subtask_options,
+        ).remote(deployment)
 
     def _source_splits(self, vertex: Any, restore: CompletedCheckpoint | None) -> list[list[Any]]:
         per_subtask: list[list[Any]] = [[] for _ in range(vertex.parallelism)]
-        saved = restore.metadata["source_splits"].get(vertex.source_uid) if restore else None
+        saved = restore.metadata.source_splits.get(vertex.source_uid) if restore else None
         if saved is not None:
             splits = sorted(saved, key=lambda s: s.split_id)
         else:
@@ -486,13 +681,13 @@ class JobMaster:
             return []
         uids = {op.uid for op in vertex.operators}
         handles = []
-        for key, entry in sorted(restore.metadata["subtasks"].items()):
-            if uids & set(entry["uids"]):
+        for key, entry in sorted(restore.metadata.subtasks.items()):
+            if uids & set(entry.uids):
                 handles.append(
                     StateHandle(
                         old_index=key[1],
-                        old_parallelism=entry["parallelism"],
-                        path=entry["path"],
+                        old_parallelism=entry.parallelism,
+                        path=entry.path,
                         ref=restore.refs.get(key),
                     )
                 )

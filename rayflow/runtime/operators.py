@@ -46,8 +46,9 @@ class OperatorContext:
     parallelism: int
     max_parallelism: int
     attempt: int
-    faults: Any = None
+    hooks: Any = None  # rayflow.runtime.hooks.SubtaskHooks, or None
     checkpointing: bool = False
+    fence: Any = None  # rayflow.runtime.fence.AttemptFence of this attempt
 
 
 class Operator:

@@ -16,6 +16,7 @@ play no part, so a failure loses the open transaction.
 
 from __future__ import annotations
 
+import collections
 import logging
 import time
 from dataclasses import replace
@@ -24,14 +25,16 @@ from typing import Any
 import pyarrow as pa
 
 from rayflow.guarantees import DeliveryGuarantee
+from rayflow.runtime.hooks import HookPoint
 from rayflow.runtime.operators import Operator, OperatorContext
 from rayflow.sink import SinkContext, TwoPhaseCommittingSink
-from rayflow.testing import FaultPoint
 
 log = logging.getLogger("rayflow.sink")
 
 COMMIT_RETRIES = 5
 COMMIT_BACKOFF_S = 0.1
+#: How many notifications' commit statistics a subtask keeps (totals are kept too).
+COMMIT_HISTORY = 10
 
 
 class TwoPhaseCommitSinkOperator(Operator):
@@ -45,12 +48,17 @@ class TwoPhaseCommitSinkOperator(Operator):
         self.restored: list[Any] = []
         self.restored_old_indices: set[int] = set()
         self.committed = 0
-        self.commit_stats: list[dict[str, float]] = []
+        self.commit_stats: collections.deque[dict[str, float]] = collections.deque(
+            maxlen=COMMIT_HISTORY
+        )
+        self.commit_totals = {"notifications": 0, "transactions": 0, "commit_s": 0.0}
+        self.fence: Any = None
 
     def open(self, context: OperatorContext) -> None:
         super().open(context)
         self.mode = self.sink.delivery_guarantee
-        self.faults = context.faults
+        self.hooks = context.hooks
+        self.fence = context.fence
         self.sink_context = SinkContext(
             job_name=context.job_name,
             operator_uid=context.operator_uid,
@@ -94,12 +102,12 @@ class TwoPhaseCommitSinkOperator(Operator):
     # --- checkpoints --------------------------------------------------------------------
 
     def snapshot_state(self, checkpoint_id: int) -> Any:
-        if self.faults is not None:
-            self.faults.at(FaultPoint.SINK_BEFORE_PRE_COMMIT)
+        if self.hooks is not None:
+            self.hooks.at(HookPoint.SINK_BEFORE_PRE_COMMIT)
         if self.mode is not DeliveryGuarantee.NONE:
             self._roll()
-        if self.faults is not None:
-            self.faults.at(FaultPoint.SINK_AFTER_PRE_COMMIT)
+        if self.hooks is not None:
+            self.hooks.at(HookPoint.SINK_AFTER_PRE_COMMIT)
         if self.mode is DeliveryGuarantee.EXACTLY_ONCE:
             if self.rolled:
                 self.pending[checkpoint_id] = self.rolled
@@ -123,14 +131,19 @@ class TwoPhaseCommitSinkOperator(Operator):
                 count += 1
             del self.pending[cid]
         if count:
+            took = time.time() - started
             self.commit_stats.append(
                 {
                     "checkpoint_id": checkpoint_id,
                     "transactions": count,
-                    "commit_s": time.time() - started,
+                    "commit_s": took,
                     "committed_at": time.time(),
                 }
             )
+            totals = self.commit_totals
+            totals["notifications"] += 1
+            totals["transactions"] += count
+            totals["commit_s"] += took
 
     def restore_state(self, snapshots: list[Any]) -> None:
         for state in snapshots:
@@ -148,18 +161,24 @@ class TwoPhaseCommitSinkOperator(Operator):
                 self.next_sequence = max(self.next_sequence, state["next_sequence"])
 
     def recover(self, checkpoint_id: int | None) -> None:
-        """After a restore from ``checkpoint_id``: commit its committables, abort the rest."""
+        """After a restore from ``checkpoint_id``: commit its committables, abort the rest.
+
+        Runs in a thread that may outlive its attempt; the fence stops it before any
+        side effect once the next attempt has started."""
         for committable in self.restored:
             self._commit(committable)
         keep = list(self.restored)
         self.restored = []
         aborted = 0
+        if self.hooks is not None:
+            self.hooks.at(HookPoint.DURING_RECOVER)
         indices = self.restored_old_indices | {self.context.subtask_index}
         for index in sorted(indices):
             context = replace(self.sink_context, subtask_index=index)
+            self._check_fence("abort of lingering transactions")
             aborted += self.sink.abort_lingering(context, keep)
-            if self.faults is not None and aborted:
-                self.faults.at(FaultPoint.SINK_DURING_ABORT)
+            if self.hooks is not None and aborted:
+                self.hooks.at(HookPoint.SINK_DURING_ABORT)
         if aborted:
             log.info(
                 "%s: aborted %d lingering transaction(s) after restoring checkpoint %s",
@@ -168,9 +187,15 @@ class TwoPhaseCommitSinkOperator(Operator):
                 checkpoint_id,
             )
 
-    def _commit(self, committable: Any) -> None:
+    def _check_fence(self, what: str) -> None:
+        if self.fence is not None:
+            self.fence.check(f"{self.context.operator_name}: {what}")
+
+    def _commit(self, committable: Any, fenced: bool = True) -> None:
         delay = COMMIT_BACKOFF_S
         for attempt in range(COMMIT_RETRIES + 1):
+            if fenced:
+                self._check_fence(f"commit of {self.sink.committable_id(committable)}")
             try:
                 self.sink.commit(committable)
                 break
@@ -189,8 +214,8 @@ class TwoPhaseCommitSinkOperator(Operator):
                 time.sleep(delay)
                 delay *= 2
         self.committed += 1
-        if self.faults is not None:
-            self.faults.at(FaultPoint.SINK_DURING_COMMIT)
+        if self.hooks is not None:
+            self.hooks.at(HookPoint.SINK_DURING_COMMIT)
 
     # --- end ----------------------------------------------------------------------------
 
@@ -206,7 +231,31 @@ class TwoPhaseCommitSinkOperator(Operator):
         return self.committed
 
     def metrics(self) -> dict[str, Any]:
-        return {"committed": self.committed, "commits": list(self.commit_stats)}
+        return {
+            "committed": self.committed,
+            "commits": list(self.commit_stats),
+            "commit_totals": dict(self.commit_totals),
+        }
+
+    def on_cancel(self, latest_completed: int | None) -> None:
+        """The job is cancelled: commit what the latest completed checkpoint (and those
+        before it) pre-committed, abort every other transaction of this subtask."""
+        try:
+            for cid in sorted(self.pending):
+                for committable in self.pending[cid]:
+                    if latest_completed is not None and cid <= latest_completed:
+                        self._commit(committable, fenced=False)
+                    else:
+                        self.sink.abort(committable)
+            self.pending = {}
+            for committable in self.rolled:
+                self.sink.abort(committable)
+            self.rolled = []
+            transaction, self.transaction = self.transaction, None
+            if transaction is not None:
+                self.sink.abort_transaction(transaction)
+        finally:
+            self.sink.close()
 
     def close(self) -> None:
         """Abort the open transaction (a failed or cancelled attempt); pre-committed ones

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import pickle
+import threading
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -40,8 +41,13 @@ from rayflow.plan.physical import VertexSpec
 from rayflow.runtime.barriers import AlignedBarrierHandler, TrackingBarrierHandler
 from rayflow.runtime.channels import CONTROL, InputGate, OutputChannel
 from rayflow.runtime.events import CheckpointBarrier, EndOfInput
+from rayflow.runtime.fence import AttemptFence
+from rayflow.runtime.hooks import HookPoint, SubtaskHooks
 from rayflow.runtime.operators import Operator, OperatorContext
-from rayflow.testing import Fault, FaultPoint, SubtaskFaults
+
+#: Concurrency group of control calls: never queued behind data pushes that wait for
+#: buffer space (at high fan-in those could take every slot while a barrier is aligned).
+CONTROL_GROUP = "control"
 
 
 @dataclass
@@ -50,6 +56,7 @@ class OutputDeployment:
 
     partitioner: PartitionerSpec
     receivers: list[tuple[Any, int]]  # (actor handle, channel index at that receiver)
+    max_parallelism: int = 128  # the receiving operator's: keys go to its key groups
 
 
 @dataclass
@@ -78,7 +85,8 @@ class SubtaskDeployment:
     master: Any = None
     restore: list[StateHandle] = field(default_factory=list)
     restored_checkpoint: int | None = None
-    faults: list[Fault] = field(default_factory=list)
+    hooks: SubtaskHooks | None = None
+    run_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -99,9 +107,11 @@ class _Abort:
 
 
 class _RecordWriter:
-    def __init__(self, output: OutputDeployment, index: int, attempt: int, window: int, maxp: int):
+    def __init__(self, output: OutputDeployment, index: int, attempt: int, window: int):
         self.channels = [OutputChannel(h, c, attempt, window) for h, c in output.receivers]
-        self.partitioner = Partitioner(output.partitioner, index, len(self.channels), maxp)
+        self.partitioner = Partitioner(
+            output.partitioner, index, len(self.channels), output.max_parallelism
+        )
 
     async def emit(self, batch: pa.RecordBatch) -> int:
         rows = 0
@@ -119,9 +129,15 @@ class _RecordWriter:
             await channel.flush()
 
 
-@ray.remote(max_restarts=0, max_task_retries=0)
+@ray.remote(max_restarts=0, max_task_retries=0, concurrency_groups={CONTROL_GROUP: 64})
 class SubtaskActor:
     def __init__(self, deployment: SubtaskDeployment) -> None:
+        if not hasattr(self, "_threads"):
+            self._threads = 0  # threads started by any attempt that are still running
+            self._threads_lock = threading.Lock()
+            # The mailbox's event loop. Control calls run in their own concurrency group,
+            # which Ray serves from another thread and loop: they hop over to this one.
+            self._loop: asyncio.AbstractEventLoop | None = None
         self.d = deployment
         vertex = deployment.vertex
         self.name = vertex.name
@@ -131,18 +147,17 @@ class SubtaskActor:
         self.attempt = deployment.attempt
         self.gate = InputGate(deployment.num_input_channels, deployment.channel_capacity)
         self.writers = [
-            _RecordWriter(
-                o, self.index, self.attempt, deployment.send_window, vertex.max_parallelism
-            )
+            _RecordWriter(o, self.index, self.attempt, deployment.send_window)
             for o in deployment.outputs
         ]
+        self.fence = AttemptFence(deployment.run_id, self.attempt)
         self.operators: list[Operator] = [spec.factory() for spec in vertex.operators]
         self.barriers = (
             TrackingBarrierHandler(self.gate)
             if deployment.checkpointing is CheckpointingMode.AT_LEAST_ONCE
             else AlignedBarrierHandler(self.gate)
         )
-        self.faults = SubtaskFaults(deployment.faults) if deployment.faults else None
+        self.hooks = deployment.hooks
         self._current_operator = vertex.name
         self._final_checkpoint: int | None = None
         self._finished = False
@@ -162,23 +177,39 @@ class SubtaskActor:
     # --- calls from other actors --------------------------------------------------------
 
     async def push(self, channel: int, seq: int, attempt: int, message: Any) -> None:
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
         if attempt != self.attempt:
             return
         await self.gate.push(channel, seq, message)
 
-    async def trigger_checkpoint(self, checkpoint_id: int, timestamp: float, final: bool) -> None:
-        await self.gate.put_control(_Trigger(checkpoint_id, timestamp, final))
+    @ray.method(concurrency_group=CONTROL_GROUP)
+    async def trigger_checkpoint(
+        self, attempt: int, checkpoint_id: int, timestamp: float, final: bool
+    ) -> None:
+        if attempt == self.attempt:
+            await self._on_mailbox_loop(
+                self.gate.put_control(_Trigger(checkpoint_id, timestamp, final))
+            )
 
-    async def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
-        await self.gate.put_control(_Complete(checkpoint_id))
+    @ray.method(concurrency_group=CONTROL_GROUP)
+    async def notify_checkpoint_complete(self, attempt: int, checkpoint_id: int) -> None:
+        if attempt == self.attempt:
+            await self._on_mailbox_loop(self.gate.put_control(_Complete(checkpoint_id)))
 
-    async def notify_checkpoint_aborted(self, checkpoint_id: int) -> None:
-        await self.gate.put_control(_Abort(checkpoint_id))
+    @ray.method(concurrency_group=CONTROL_GROUP)
+    async def notify_checkpoint_aborted(self, attempt: int, checkpoint_id: int) -> None:
+        if attempt == self.attempt:
+            await self._on_mailbox_loop(self.gate.put_control(_Abort(checkpoint_id)))
 
-    async def snapshot_blob(self, checkpoint_id: int) -> bytes:
+    @ray.method(concurrency_group=CONTROL_GROUP)
+    async def snapshot_blob(self, attempt: int, checkpoint_id: int) -> bytes:
         """The blob of a checkpoint; the caller (the job master) owns the returned object."""
+        if attempt != self.attempt:
+            raise RuntimeError(f"blob of attempt {attempt} asked from attempt {self.attempt}")
         return self._blobs.pop(checkpoint_id)
 
+    @ray.method(concurrency_group=CONTROL_GROUP)
     async def metrics(self) -> dict[str, Any]:
         m = dict(self.metrics_)
         m["vertex"] = self.name
@@ -197,19 +228,81 @@ class SubtaskActor:
         }
         return m
 
+    @ray.method(concurrency_group=CONTROL_GROUP)
     async def ready(self) -> bool:
         return True
 
-    async def redeploy(self, deployment: SubtaskDeployment) -> None:
-        """Become a subtask of a new attempt (the previous ``run()`` was cancelled)."""
-        await self.gate.close()
+    @ray.method(concurrency_group=CONTROL_GROUP)
+    async def quiesce(self, attempt: int, wait_s: float = 2.0) -> bool:
+        """The attempt ended: revoke its fence, stop its background work, and say whether
+        this actor is clean enough to be reused (no thread of the attempt still runs;
+        Python threads cannot be stopped, so an actor with one is replaced instead)."""
+        if attempt == self.attempt:
+            self.fence.revoke()
+        await self._on_mailbox_loop(self._cancel_async_parts())
+        deadline = time.monotonic() + wait_s
+        while self._threads and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        return self._threads == 0
+
+    @ray.method(concurrency_group=CONTROL_GROUP)
+    async def redeploy(self, deployment: SubtaskDeployment) -> bool:
+        """Become a subtask of a new attempt (the previous ``run()`` was cancelled).
+        Refused (False) while a thread of an earlier attempt still runs here."""
+        self.fence.revoke()
+        if self._threads:
+            return False
+        return await self._on_mailbox_loop(self._become(deployment))
+
+    async def _cancel_async_parts(self) -> None:
         for task in list(self._async_parts):
             task.cancel()
+
+    async def _become(self, deployment: SubtaskDeployment) -> bool:
+        await self.gate.close()
+        await self._cancel_async_parts()
         self.__init__(deployment)
+        return True
+
+    async def _on_mailbox_loop(self, coro: Any) -> Any:
+        """Run ``coro`` on the mailbox's event loop (the gate's primitives live there)."""
+        loop = self._loop
+        if loop is None or loop is asyncio.get_running_loop() or loop.is_closed():
+            return await coro
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, loop))
+
+    @ray.method(concurrency_group=CONTROL_GROUP)
+    async def close_for_cancel(self, attempt: int, latest_completed: int | None) -> None:
+        """The job is cancelled (``run()`` has ended): commit what completed checkpoints
+        hold, abort every other transaction, close every operator."""
+        if attempt != self.attempt:
+            return
+        self.fence.revoke()
+        for spec, op in zip(self.d.vertex.operators, self.operators):
+            on_cancel = getattr(op, "on_cancel", None)
+            if on_cancel is not None:
+                self._current_operator = spec.name
+                await self._on_mailbox_loop(self._in_thread(on_cancel, latest_completed))
+
+    async def _in_thread(self, fn: Any, *args: Any) -> Any:
+        """Run ``fn`` in a worker thread, counted until the thread itself ends (a cancelled
+        coroutine does not stop its thread)."""
+        with self._threads_lock:
+            self._threads += 1
+
+        def counted() -> Any:
+            try:
+                return fn(*args)
+            finally:
+                with self._threads_lock:
+                    self._threads -= 1
+
+        return await asyncio.to_thread(counted)
 
     # --- the mailbox loop ---------------------------------------------------------------
 
     async def run(self) -> dict[str, Any]:
+        self._loop = asyncio.get_running_loop()
         self.metrics_["started_at"] = time.time()
         try:
             self._open()
@@ -266,8 +359,9 @@ class SubtaskActor:
                     parallelism=self.parallelism,
                     max_parallelism=vertex.max_parallelism,
                     attempt=self.attempt,
-                    faults=self.faults,
+                    hooks=self.hooks,
                     checkpointing=self.d.checkpointing is not None,
+                    fence=self.fence,
                 )
             )
 
@@ -278,7 +372,7 @@ class SubtaskActor:
             recover = getattr(op, "recover", None)
             if recover is not None:
                 self._current_operator = spec.name
-                await asyncio.to_thread(recover, self.d.restored_checkpoint)
+                await self._in_thread(recover, self.d.restored_checkpoint)
 
     async def _load_state(self) -> None:
         snapshots = []
@@ -290,7 +384,7 @@ class SubtaskActor:
                 except Exception:  # noqa: BLE001 - owner gone: fall back to the durable tier
                     blob = None
             if blob is None:
-                blob = await asyncio.to_thread(self.d.storage.read_blob, handle.path)
+                blob = await self._in_thread(self.d.storage.read_blob, handle.path)
             snapshots.append((handle, pickle.loads(blob)))
         for spec, op in zip(self.d.vertex.operators, self.operators):
             self._current_operator = spec.name
@@ -359,8 +453,8 @@ class SubtaskActor:
                 self._count_in(message)
                 await self._process(message)
             elif isinstance(message, CheckpointBarrier):
-                if self.faults and self.barriers.aligning is False and self.gate.num_channels > 1:
-                    self.faults.at(FaultPoint.DURING_ALIGNMENT)
+                if self.hooks and self.barriers.aligning is False and self.gate.num_channels > 1:
+                    self.hooks.at(HookPoint.DURING_ALIGNMENT)
                 barrier = self.barriers.on_barrier(channel, message)
                 if barrier is not None:
                     await self._checkpoint(barrier)
@@ -378,8 +472,8 @@ class SubtaskActor:
         m = self.metrics_
         m["records_in"] += batch.num_rows
         m["batches_in"] += 1
-        if self.faults is not None:
-            self.faults.after_records(m["records_in"])
+        if self.hooks is not None:
+            self.hooks.after_records(m["records_in"])
 
     async def _on_control(self, item: Any) -> None:
         if isinstance(item, _Trigger):
@@ -447,8 +541,8 @@ class SubtaskActor:
         sync_s = time.time() - started
         if barrier.final:
             self._final_checkpoint = cid
-        if self.faults is not None:
-            self.faults.at(FaultPoint.AFTER_SNAPSHOT)
+        if self.hooks is not None:
+            self.hooks.at(HookPoint.AFTER_SNAPSHOT)
         for writer in self.writers:
             await writer.broadcast(barrier)
         self.metrics_["checkpoints"] += 1
@@ -469,10 +563,16 @@ class SubtaskActor:
     async def _async_part(self, cid: int, blob: bytes, info: dict[str, Any]) -> None:
         started = time.time()
         vertex_id, index = self.key
+        name = CheckpointStorage.blob_name(self.attempt, vertex_id, index)
+        hooks = self.hooks
+
+        def write() -> str:
+            if hooks is not None:
+                hooks.at(HookPoint.DURING_BLOB_WRITE)
+            return self.d.storage.write_blob(cid, name, blob)
+
         try:
-            info["path"] = await asyncio.to_thread(
-                self.d.storage.write_blob, cid, f"v{vertex_id}-s{index}.state", blob
-            )
+            info["path"] = await self._in_thread(write)
         except Exception as exc:  # noqa: BLE001 - the coordinator declines the checkpoint
             self.d.master.decline_checkpoint.remote(
                 self.attempt, cid, self.key, f"{type(exc).__name__}: {exc}"

@@ -44,9 +44,12 @@ def test_periodic_and_final_checkpoints_are_recorded(mode, tmp_path):
         assert commits and all(c["commit_s"] >= 0 and c["transactions"] >= 1 for c in commits)
         # commits follow checkpoints: none refers to a checkpoint that never completed
         assert {c["checkpoint_id"] for c in commits} <= set(ids)
-    # retained: the two newest, each with its metadata
-    retained = sorted(p.name for p in (tmp_path / job).iterdir())
+    # retained: the two newest, each with its metadata, in this run's own directory
+    run_dir = tmp_path / job / result.run_id
+    assert result.checkpoint_location == str(run_dir)
+    retained = sorted(p.name for p in run_dir.iterdir() if p.name.startswith("chk-"))
     assert retained == [f"chk-{i}" for i in ids[-2:]]
+    assert all((run_dir / name / "_metadata").exists() for name in retained)
 
 
 def test_resume_from_a_retained_checkpoint_of_a_cancelled_run(tmp_path, capsys):
@@ -134,12 +137,13 @@ def test_restoring_an_older_checkpoint_never_reuses_a_newer_ones_id(tmp_path):
     client.cancel()
     with pytest.raises(JobFailedError):
         client.wait()
-    kept = sorted(int(p.name[4:]) for p in (tmp_path / job).iterdir() if (p / "_metadata").exists())
+    run_dir = tmp_path / job / client.run_id
+    kept = sorted(int(p.name[4:]) for p in run_dir.iterdir() if (p / "_metadata").exists())
     # Output committed after the restored checkpoint was already out; a new sink shows
     # that the state restored from the older checkpoint still ends at the exact sums.
     env2, sink = build_keyed_sum(N, 2, 5000, rate=None, checkpoint_ms=100, storage=str(tmp_path))
     env2.get_checkpoint_config().set_num_retained_checkpoints(10)
-    result = env2.execute(job, restore_from=str(tmp_path / job / f"chk-{kept[0]}"))
+    result = env2.execute(job, restore_from=str(run_dir / f"chk-{kept[0]}"))
     assert result.restored_from == kept[0]
     new_ids = [c["checkpoint_id"] for c in result.checkpoints]
     assert min(new_ids) > max(kept)

@@ -4,7 +4,8 @@ import math
 
 import pytest
 
-from rayflow.checkpoint.storage import CheckpointStorage, open_checkpoint_path
+from rayflow.checkpoint.metadata import CheckpointMetadata
+from rayflow.checkpoint.storage import CheckpointStorage, JobStorage, open_checkpoint_path
 from rayflow.config import CheckpointConfig, RestartStrategies, default_restart_strategy
 
 
@@ -47,27 +48,39 @@ def test_bad_checkpoint_options_name_the_option(setter, value):
         getattr(CheckpointConfig(), setter)(value)
 
 
+def _meta(cid: int, run_id: str | None = None, completed_at: float = 0.0) -> CheckpointMetadata:
+    return CheckpointMetadata(cid, "job", run_id, 0, 0.0, completed_at, False)
+
+
 def test_metadata_is_the_commit_point(tmp_path):
-    storage = CheckpointStorage(str(tmp_path), "job/one")
-    storage.write_blob(1, "v0-s0.state", b"state")
+    storage = CheckpointStorage(str(tmp_path), "job/one", run_id="run-20260101T000000-abc")
+    storage.write_blob(1, "a0-v0-s0.state", b"state")
     assert storage.completed_ids() == []  # blobs without metadata are no checkpoint
-    storage.commit_metadata(1, {"checkpoint_id": 1})
-    storage.write_blob(2, "v0-s0.state", b"state")
+    storage.commit_metadata(1, _meta(1))
+    storage.write_blob(2, "a0-v0-s0.state", b"state")
     assert storage.completed_ids() == [1]
-    assert storage.latest() == {"checkpoint_id": 1}
-    leftovers = [p.name for p in (tmp_path / "job-one" / "chk-1").iterdir()]
-    assert sorted(leftovers) == ["_metadata", "v0-s0.state"]  # no temporary file remains
+    assert storage.latest() == _meta(1)
+    run_dir = tmp_path / "job-one" / "run-20260101T000000-abc"
+    leftovers = [p.name for p in (run_dir / "chk-1").iterdir()]
+    assert sorted(leftovers) == ["_metadata", "a0-v0-s0.state"]  # no temporary file remains
     storage.discard(1)
     assert storage.completed_ids() == []
 
 
-def test_open_checkpoint_path_accepts_a_job_dir_or_one_checkpoint(tmp_path):
-    storage = CheckpointStorage(str(tmp_path), "job")
-    storage.commit_metadata(7, {"checkpoint_id": 7})
-    s, cid = open_checkpoint_path(str(tmp_path / "job" / "chk-7"))
+def test_open_checkpoint_path_accepts_a_job_dir_a_run_dir_or_one_checkpoint(tmp_path):
+    old = CheckpointStorage(str(tmp_path), "job", run_id="run-20260101T000000-aaa")
+    new = CheckpointStorage(str(tmp_path), "job", run_id="run-20260102T000000-bbb")
+    old.commit_metadata(7, _meta(7, old.run_id, completed_at=2.0))
+    new.commit_metadata(3, _meta(3, new.run_id, completed_at=1.0))
+    s, cid = open_checkpoint_path(str(tmp_path / "job" / old.run_id / "chk-7"))
     assert cid == 7 and s.completed_ids() == [7]
+    s, cid = open_checkpoint_path(str(tmp_path / "job" / new.run_id))
+    assert cid is None and s.latest().checkpoint_id == 3
     s, cid = open_checkpoint_path(str(tmp_path / "job"))
-    assert cid is None and s.latest() == {"checkpoint_id": 7}
+    assert cid is None and isinstance(s, JobStorage)
+    store, meta = s.latest()  # newest by completion time, across runs
+    assert (store.run_id, meta.checkpoint_id) == (old.run_id, 7)
+    assert s.max_checkpoint_id() == 7
 
 
 def test_storage_pickles_without_its_filesystem(tmp_path):
