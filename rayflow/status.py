@@ -35,7 +35,9 @@ class JobState(str, enum.Enum):
 
 
 _TRANSITIONS: dict[JobState, frozenset[JobState]] = {
-    JobState.CREATED: frozenset({JobState.RUNNING, JobState.CANCELLING, JobState.FAILING}),
+    JobState.CREATED: frozenset(
+        {JobState.RUNNING, JobState.RESTARTING, JobState.CANCELLING, JobState.FAILING}
+    ),
     JobState.RUNNING: frozenset(
         {JobState.RESTARTING, JobState.FAILING, JobState.CANCELLING, JobState.FINISHED}
     ),

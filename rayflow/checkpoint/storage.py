@@ -314,7 +314,8 @@ class JobStorage(_Files):
     def runs(self) -> list[CheckpointStorage]:
         """Every run directory of the job, oldest first, plus the job directory itself
         when it holds checkpoints of the format before runs had directories."""
-        runs = [self.run(i.base_name) for i in self._list_dirs(self.base, _RUN)]
+        names = sorted(i.base_name for i in self._list_dirs(self.base, _RUN))
+        runs = [self.run(name) for name in names]
         if self._list_dirs(self.base, _CHK):
             runs.insert(0, CheckpointStorage(self.root, self.job_name, self.options))
         return runs
