@@ -22,12 +22,34 @@ same part names again and replaces those files.
 * The file is opened at the first write, so an empty transaction leaves no file.
 * ``pre_commit`` closes the encoder (the Parquet footer), closes the file and, on a
   local filesystem, fsyncs it and its directory: a pre-committed part survives a
-  killed process and a crashed machine. The committable is
-  ``FileCommittable(tmp_path, final_path, size)``.
+  killed process and a crashed machine. The committable is a
+  :class:`FileCommittable`: paths, size, a random token of the transaction and, on a
+  local filesystem, the file's identity (see below).
 * ``commit`` renames the in-progress file to its final name (atomic on a local
   filesystem). It is idempotent: when the in-progress file is gone and the final
-  file has the expected size, the part is already committed. When neither exists
-  the pre-committed data is gone, and ``commit`` raises.
+  file is the one this transaction wrote, the part is already committed. When the
+  final file is another one (of any size: the same job run again under its name, a
+  replay) ``commit`` raises, and when neither exists the pre-committed data is gone
+  and ``commit`` raises too.
+
+How a repeated commit knows the final file is its own (a size alone cannot tell: a
+job run again writes the same names, often with the same sizes):
+
+* Local filesystem (also a ``SubTreeFileSystem`` over one): ``pre_commit`` records the
+  in-progress file's ``st_dev``, ``st_ino`` and ``st_mtime_ns``; a rename keeps all
+  three. The final file is ours when it has that inode, modification time and size,
+  and that device where device numbers compare (on the machine, and in the boot, that
+  pre-committed it; a directory shared over NFS, or a remount after a reboot, may show
+  the same file under another device number).
+* Other filesystems (``s3://``, ``gs://``, HDFS, ...): just before the move,
+  ``commit`` writes the transaction's token into a hidden marker file
+  ``.<final name>.committed`` next to the final file; the next transaction to commit
+  that name overwrites it. The final file is ours when the marker holds our token and
+  the size is the expected one. (It tells runs apart that commit one after another;
+  two runs committing one name at the same moment can still race.) The markers stay,
+  one per final name; readers skip them (leading dot).
+* Committables of older versions (``(tmp_path, final_path, size)``) are still
+  recognised by size only, with a warning.
 * After a restore, ``abort_lingering`` deletes this subtask's in-progress files that
   the restored checkpoint does not hold. In NONE mode (where the runtime may run
   without checkpoints and so never calls it) the first transaction of a subtask
@@ -65,14 +87,23 @@ __all__ = ["FileSink", "FileCommittable"]
 log = logging.getLogger("rayflow.sinks.files")
 
 IN_PROGRESS_SUFFIX = ".inprogress"
+COMMITTED_MARKER_SUFFIX = ".committed"
 
 
 class FileCommittable(NamedTuple):
-    """A pre-committed part file: where it is, where it goes, and how big it is."""
+    """A pre-committed part file: where it is, where it goes, how big it is, and what
+    identifies it once committed (fields with defaults: committables pickled by older
+    versions, 3-tuples, still load; they are recognised by size only)."""
 
     tmp_path: str
     final_path: str
     size: int
+    #: A random id of this transaction (written into the commit marker off a local disk).
+    token: str | None = None
+    #: Local filesystem: ``(st_dev, st_ino, st_mtime_ns)`` of the pre-committed file.
+    file_id: tuple[int, int, int] | None = None
+    #: Local filesystem: the boot of the machine that took ``file_id`` (None: unknown).
+    boot_id: str | None = None
 
 
 @dataclass
@@ -235,37 +266,120 @@ class FileSink(TwoPhaseCommittingSink):
         transaction.stream.close()
         transaction.closed = True
         self._open.pop(transaction.tmp_path, None)
+        file_id = boot_id = None
         if self._local is not None:
-            _fsync_file(self._local_path(transaction.tmp_path))
+            local_tmp = self._local_path(transaction.tmp_path)
+            _fsync_file(local_tmp)
             _fsync_dir(self._local_path(self.directory))
-        return FileCommittable(transaction.tmp_path, transaction.final_path, size)
+            st = os.stat(local_tmp)  # a rename keeps device, inode and mtime
+            file_id, boot_id = (st.st_dev, st.st_ino, st.st_mtime_ns), _boot_id()
+        return FileCommittable(
+            transaction.tmp_path,
+            transaction.final_path,
+            size,
+            token=uuid.uuid4().hex,
+            file_id=file_id,
+            boot_id=boot_id,
+        )
 
     def commit(self, committable: FileCommittable) -> None:
-        tmp_path, final_path, size = committable
+        committable = FileCommittable(*committable)  # a plain tuple of an older version too
+        tmp_path, final_path, size = committable[:3]
         tmp, final = self.filesystem.get_file_info([tmp_path, final_path])
         if tmp.type is pafs.FileType.File:
             if final.type is pafs.FileType.File:
                 # A sequence number used again: a restore from an older checkpoint, or an
                 # at-least-once replay. The newer part replaces the older one.
                 log.warning("FileSink: %s exists; replacing it with %s", final_path, tmp_path)
+            if self._uses_marker(committable):
+                # Before the move: a commit that dies after the move is still recognised.
+                self._write_marker(final_path, committable.token)
             self.filesystem.move(tmp_path, final_path)
             if self._local is not None:
                 _fsync_dir(self._local_path(self.directory))
             return
         if final.type is pafs.FileType.File:
-            if final.size == size:
+            problem = self._not_ours(committable, final)
+            if problem is None:
                 return  # committed before (a commit repeated after a restore)
             raise RuntimeError(
                 f"FileSink: cannot commit {final_path}: its in-progress file {tmp_path} is gone "
-                f"and the final file has {final.size} bytes, not the {size} pre-committed; "
-                "something else wrote that name (another job with the same name into the "
-                "same directory?)"
+                f"and {problem}; something else wrote that name (another job, or another run "
+                "of this job, with the same name into the same directory?), so this "
+                "transaction's output is not what is visible"
             )
         raise RuntimeError(
             f"FileSink: cannot commit {final_path}: neither it nor its in-progress file "
             f"{tmp_path} exists, so the pre-committed data ({size} bytes) was lost. Was the "
             "directory cleaned, or is it not shared by every node?"
         )
+
+    def _uses_marker(self, committable: FileCommittable) -> bool:
+        """Whether ``committable`` is recognised by a commit marker (not by its inode)."""
+        return committable.token is not None and committable.file_id is None
+
+    def _marker_path(self, final_path: str) -> str:
+        directory, name = posixpath.split(final_path)
+        return posixpath.join(directory, f".{name}{COMMITTED_MARKER_SUFFIX}")
+
+    def _write_marker(self, final_path: str, token: str) -> None:
+        with self.filesystem.open_output_stream(
+            self._marker_path(final_path), compression=None
+        ) as out:
+            out.write(token.encode("ascii"))
+
+    def _read_marker(self, final_path: str) -> str | None:
+        try:
+            with self.filesystem.open_input_stream(
+                self._marker_path(final_path), compression=None
+            ) as stream:
+                return stream.read().decode("ascii", errors="replace").strip()
+        except FileNotFoundError:
+            return None
+
+    def _not_ours(self, committable: FileCommittable, final: pafs.FileInfo) -> str | None:
+        """None when the final file is the one ``committable`` committed; else why not."""
+        size = committable.size
+        if final.size != size:
+            return f"the final file has {final.size} bytes, not the {size} pre-committed"
+        if committable.file_id is not None and self._local is not None:
+            try:
+                st = os.stat(self._local_path(committable.final_path))
+            except FileNotFoundError:
+                return "the final file vanished while it was checked"
+            dev, ino, mtime_ns = committable.file_id
+            # Device numbers compare only on the machine, and in the boot, that took them.
+            same_boot = committable.boot_id is not None and committable.boot_id == _boot_id()
+            if st.st_ino != ino or st.st_mtime_ns != mtime_ns or (same_boot and st.st_dev != dev):
+                return (
+                    "the final file (of the same size) is another file than the one this "
+                    f"transaction pre-committed (device {st.st_dev}, inode {st.st_ino}, "
+                    f"mtime {st.st_mtime_ns} ns; expected device {dev}, inode {ino}, "
+                    f"mtime {mtime_ns} ns)"
+                )
+            return None
+        if self._uses_marker(committable):
+            found = self._read_marker(committable.final_path)
+            if found != committable.token:
+                marker = self._marker_path(committable.final_path)
+                holder = "does not exist" if found is None else f"holds transaction {found!r}"
+                return (
+                    f"its commit marker {marker} {holder}, not this transaction "
+                    f"({committable.token}): the final file (of the same size) is another "
+                    "transaction's"
+                )
+            return None
+        log.warning(
+            "FileSink: %s: %s; the final file is taken as committed before because its "
+            "size matches, which cannot tell it from another transaction's file of the "
+            "same size",
+            committable.final_path,
+            "the committable carries no identity of the file (it was pre-committed by an "
+            "older version)"
+            if committable.token is None
+            else "the committable's file identity cannot be checked on this filesystem",
+        )
+        return None
 
     def abort(self, committable: FileCommittable) -> None:
         self._delete(committable[0])
@@ -394,6 +508,20 @@ def _local_root(fs: pafs.FileSystem) -> str | None:
         if base is not None:
             return os.path.join(base, fs.base_path.lstrip("/"))
     return None
+
+
+_BOOT_ID: list[str | None] = []
+
+
+def _boot_id() -> str | None:
+    """An id of this machine's current boot (Linux), or None where there is none."""
+    if not _BOOT_ID:
+        try:
+            with open("/proc/sys/kernel/random/boot_id") as f:
+                _BOOT_ID.append(f.read().strip() or None)
+        except OSError:
+            _BOOT_ID.append(None)
+    return _BOOT_ID[0]
 
 
 def _fsync_file(path: str) -> None:

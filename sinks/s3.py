@@ -12,8 +12,17 @@ then does the object appear, whole, so readers never see partial output.
 
 ``commit`` is idempotent. A repeated CompleteMultipartUpload either succeeds or
 fails because the upload is gone (S3 answers NoSuchUpload, moto a 500); then a
-HEAD of the key decides: an object of the expected size (and, where ETags allow
-the check, the expected multipart ETag) means it was committed before. ``abort``
+HEAD of the key decides whether this transaction was committed before. Sizes and
+ETags cannot decide that: another transaction (the same job run again under its
+name, a replay) writes the same key, often with the same size, and with parts
+uploaded with checksums the ETag may not be an MD5 that can be checked. So every
+transaction gets a random token at ``begin_transaction``; it is set as the
+object's user metadata ``x-amz-meta-rayflow-transaction`` at CreateMultipartUpload
+(the completed object carries it) and kept in the committable. The object counts
+as committed before only when its token is this transaction's (and its size, and
+where ETags allow the check its multipart ETag, are the expected ones). A
+committable of an older version (no token) falls back to the size and ETag check,
+with a warning. ``abort``
 is AbortMultipartUpload ("already gone" is success), and ``abort_lingering``
 lists the open uploads under this subtask's key prefix and aborts those the
 restored checkpoint does not hold.
@@ -38,6 +47,7 @@ import hashlib
 import logging
 import re
 import threading
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,6 +70,10 @@ _SECRET_OPTION = re.compile(r"secret|token|password|access_key|credential", re.I
 _MD5_ETAG = re.compile(r'^"?([0-9a-fA-F]{32})"?$')
 _MULTIPART_ETAG = re.compile(r'^"?([0-9a-fA-F]{32})-(\d+)"?$')
 
+#: The user metadata key (``x-amz-meta-rayflow-transaction``) that names the transaction
+#: that wrote an object. S3 returns user metadata keys in lower case.
+TRANSACTION_METADATA = "rayflow-transaction"
+
 
 class S3CommitError(RuntimeError):
     """A committable could not be made visible (and is not visible already)."""
@@ -77,6 +91,9 @@ class S3Committable:
     records: int = 0
     checksum_algorithm: str | None = None
     checksums: tuple[str, ...] = ()  # per part, when the upload declared an algorithm
+    #: This transaction's token, also the object's ``rayflow-transaction`` metadata.
+    #: None in committables of older versions (pickled in older checkpoints).
+    transaction_token: str | None = None
 
     @property
     def url(self) -> str:
@@ -150,6 +167,7 @@ class _Transaction:
     sequence: int
     buffer: _PartBuffer
     encoder: Encoder
+    token: str = field(default_factory=lambda: uuid.uuid4().hex)
     upload_id: str | None = None
     parts: list[tuple[int, str]] = field(default_factory=list)
     checksums: list[str] = field(default_factory=list)
@@ -325,10 +343,16 @@ class S3FileSink(TwoPhaseCommittingSink):
             records=transaction.records,
             checksum_algorithm=self.checksum_algorithm,
             checksums=tuple(transaction.checksums),
+            transaction_token=transaction.token,
         )
 
     def _create_upload(self, transaction: _Transaction) -> None:
-        kwargs: dict[str, Any] = {"Bucket": transaction.bucket, "Key": transaction.key}
+        kwargs: dict[str, Any] = {
+            "Bucket": transaction.bucket,
+            "Key": transaction.key,
+            # The completed object carries it: a repeated commit recognises its own object.
+            "Metadata": {TRANSACTION_METADATA: transaction.token},
+        }
         if self.checksum_algorithm:
             kwargs["ChecksumAlgorithm"] = self.checksum_algorithm
         transaction.upload_id = self.client.create_multipart_upload(**kwargs)["UploadId"]
@@ -398,7 +422,9 @@ class S3FileSink(TwoPhaseCommittingSink):
         ) from error
 
     def _visible_problem(self, committable: S3Committable) -> str | None:
-        """None when the object of ``committable`` is visible; else what is wrong."""
+        """None when the object at the key is the one ``committable`` committed; else what
+        is wrong. The object's ``rayflow-transaction`` metadata decides; size and ETag
+        are checked too."""
         try:
             head = self.client.head_object(Bucket=committable.bucket, Key=committable.key)
         except Exception as exc:  # noqa: BLE001
@@ -415,14 +441,39 @@ class S3FileSink(TwoPhaseCommittingSink):
                 f"the object there has {size} bytes, not the {committable.size} this "
                 "transaction wrote"
             )
+        token = committable.transaction_token
+        if token is not None:
+            metadata = {str(k).lower(): v for k, v in (head.get("Metadata") or {}).items()}
+            found = metadata.get(TRANSACTION_METADATA)
+            if found != token:
+                writer = (
+                    f"transaction {found}"
+                    if found
+                    else f"a writer that set no {TRANSACTION_METADATA} metadata"
+                )
+                return (
+                    f"the object there (of the same size) was written by {writer}, not by "
+                    f"this transaction ({token}): something else replaced it (the same job "
+                    "run again under its name, a replay, another writer), so this "
+                    "transaction's output is not what is visible"
+                )
         expected = committable.expected_etag()
         match = _MULTIPART_ETAG.match(str(head.get("ETag", "")))
-        if expected is not None and match is not None:
+        etag_checked = expected is not None and match is not None
+        if etag_checked:
             if f"{match.group(1).lower()}-{match.group(2)}" != expected:
                 return (
                     f"the object there has ETag {head.get('ETag')}, not the {expected} "
                     "of this transaction's parts"
                 )
+        if token is None:
+            log.warning(
+                "%s: the committable carries no transaction token (it was pre-committed by "
+                "an older version); the object is taken as committed before because its "
+                "size%s matches, which cannot tell it from another transaction's object",
+                committable.url,
+                " and multipart ETag" if etag_checked else "",
+            )
         return None
 
     def abort(self, committable: S3Committable) -> None:

@@ -22,7 +22,13 @@ import tests.s3_server as _s3_fixtures
 from rayflow import DeliveryGuarantee, NumberSequenceSource, StreamExecutionEnvironment
 from rayflow.config import RestartStrategies
 from rayflow.sink import RollingPolicy, SinkContext, UnsupportedGuaranteeError
-from sinks.s3 import MIN_PART_SIZE, S3CommitError, S3FileSink
+from sinks.s3 import (
+    MIN_PART_SIZE,
+    TRANSACTION_METADATA,
+    S3CommitError,
+    S3Committable,
+    S3FileSink,
+)
 from tests.s3_server import S3Server, decode, parts_of
 
 # The shared moto server fixtures (see tests/s3_server.py).
@@ -172,11 +178,21 @@ def test_commit_after_the_upload_is_gone_checks_the_object(s3_server, s3_bucket)
         committables.append(sink.pre_commit(txn))
     client = s3_server.client()
 
-    # Upload gone, the object there with the committable's size: committed before.
+    # Upload gone, the object there with the committable's size and transaction token
+    # (as CompleteMultipartUpload left it): committed before.
     done = committables[0]
-    client.put_object(Bucket=s3_bucket, Key=done.key, Body=b"x" * done.size)
+    client.put_object(
+        Bucket=s3_bucket,
+        Key=done.key,
+        Body=b"x" * done.size,
+        Metadata={TRANSACTION_METADATA: done.transaction_token},
+    )
     sink.abort(done)
     sink.commit(done)  # moto answers 500 for the aborted upload; HEAD decides
+    # The same size without this transaction's token is someone else's object.
+    client.put_object(Bucket=s3_bucket, Key=done.key, Body=b"y" * done.size)
+    with pytest.raises(S3CommitError, match="not by this transaction"):
+        sink.commit(done)
 
     # Upload gone and no object: the output is lost, say so loudly.
     lost = committables[1]
@@ -190,6 +206,72 @@ def test_commit_after_the_upload_is_gone_checks_the_object(s3_server, s3_bucket)
     sink.abort(other)
     with pytest.raises(S3CommitError, match="bytes, not the"):
         sink.commit(other)
+
+
+def test_objects_carry_their_transaction_token(s3_server, s3_bucket):
+    sink = make_sink(s3_server, s3_bucket)
+    tokens = []
+    for sequence in range(2):
+        txn = sink.begin_transaction(context(), sequence)
+        sink.write(txn, rows(0, 10))
+        committable = sink.pre_commit(txn)
+        sink.commit(committable)
+        head = s3_server.client().head_object(Bucket=s3_bucket, Key=committable.key)
+        assert head["Metadata"] == {TRANSACTION_METADATA: committable.transaction_token}
+        tokens.append(committable.transaction_token)
+    assert len(set(tokens)) == 2 and all(len(t) == 32 for t in tokens)
+
+
+def test_repeated_commit_refuses_an_object_of_the_same_size_from_another_transaction(
+    s3_server, s3_bucket
+):
+    # The job run again under its name (or a replay) writes the same key with the same
+    # bytes: same size, same multipart ETag. Only the transaction token tells the objects
+    # apart; the first transaction's repeated commit must not claim the second's object.
+    def run() -> tuple[S3FileSink, S3Committable]:
+        sink = make_sink(s3_server, s3_bucket, "parquet")
+        txn = sink.begin_transaction(context(), 0)
+        sink.write(txn, rows(0, 4000))
+        committable = pickle.loads(pickle.dumps(sink.pre_commit(txn)))
+        sink.commit(committable)
+        return sink, committable
+
+    first_sink, first = run()
+    second_sink, second = run()  # replaces the object
+    assert (first.key, first.size, first.expected_etag()) == (
+        second.key,
+        second.size,
+        second.expected_etag(),
+    )
+    assert len(first.parts) == 2 and first.transaction_token != second.transaction_token
+    # Real S3 forgets a completed upload: a repeated complete answers NoSuchUpload.
+    fail_first(first_sink, "CompleteMultipartUpload", [(404, "NoSuchUpload")])
+    with pytest.raises(S3CommitError, match="not by this transaction") as info:
+        first_sink.commit(first)
+    assert second.transaction_token in str(info.value)
+    # The genuine repeated commit of the second transaction still succeeds.
+    calls = fail_first(second_sink, "CompleteMultipartUpload", [(404, "NoSuchUpload")])
+    second_sink.commit(second)
+    assert calls == ["CompleteMultipartUpload"]
+    head = s3_server.client().head_object(Bucket=s3_bucket, Key=second.key)
+    assert head["Metadata"][TRANSACTION_METADATA] == second.transaction_token
+
+
+def test_committables_without_a_token_fall_back_to_size_and_etag(s3_server, s3_bucket, caplog):
+    sink = make_sink(s3_server, s3_bucket)
+    txn = sink.begin_transaction(context(), 0)
+    sink.write(txn, rows(0, 100))
+    committable = sink.pre_commit(txn)
+    sink.commit(committable)
+    # A committable pickled by an older version: no transaction_token in its state.
+    old = object.__new__(S3Committable)
+    old.__dict__.update({k: v for k, v in committable.__dict__.items() if k != "transaction_token"})
+    old = pickle.loads(pickle.dumps(old))
+    assert "transaction_token" not in old.__dict__ and old.transaction_token is None
+    fail_first(sink, "CompleteMultipartUpload", [(404, "NoSuchUpload")])
+    with caplog.at_level("WARNING", logger="rayflow.sinks.s3"):
+        sink.commit(old)  # size and multipart ETag match: taken as committed, with a warning
+    assert "no transaction token" in caplog.text and "ETag" in caplog.text
 
 
 def test_abort_and_abort_transaction(s3_server, s3_bucket):

@@ -3,7 +3,9 @@ in-progress files, and the sink operator's visibility rules per delivery guarant
 
 from __future__ import annotations
 
+import collections
 import json
+import logging
 import os
 import pickle
 
@@ -14,6 +16,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 
+import sinks.files
 from rayflow.guarantees import DeliveryGuarantee
 from rayflow.runtime.operators import OperatorContext
 from rayflow.runtime.sink_operator import TwoPhaseCommitSinkOperator
@@ -266,6 +269,202 @@ def test_commit_refuses_a_final_file_of_another_size(tmp_path):
     (tmp_path / os.path.basename(c.final_path)).write_text("something else entirely\n")
     with pytest.raises(RuntimeError, match="bytes"):
         sink.commit(c)
+
+
+class LocalButNotLocal(pafs.FileSystemHandler):
+    """A local directory behind ``pyarrow.fs.PyFileSystem``: the sink cannot tell it is
+    local (as with s3://, gs://, HDFS), so it has no inodes to go by."""
+
+    def __init__(self) -> None:
+        self.fs = pafs.LocalFileSystem()
+
+    def __eq__(self, other):
+        return isinstance(other, LocalButNotLocal)
+
+    def __ne__(self, other):
+        return not self == other
+
+    def get_type_name(self):
+        return "not-local"
+
+    def normalize_path(self, path):
+        return path
+
+    def equals(self, other):
+        return self == other
+
+    def get_file_info(self, paths):
+        return self.fs.get_file_info(paths)
+
+    def get_file_info_selector(self, selector):
+        return self.fs.get_file_info(selector)
+
+    def create_dir(self, path, recursive):
+        self.fs.create_dir(path, recursive=recursive)
+
+    def delete_dir(self, path):
+        self.fs.delete_dir(path)
+
+    def delete_dir_contents(self, path, missing_dir_ok=False):
+        self.fs.delete_dir_contents(path, missing_dir_ok=missing_dir_ok)
+
+    def delete_root_dir_contents(self):
+        raise NotImplementedError
+
+    def delete_file(self, path):
+        self.fs.delete_file(path)
+
+    def move(self, src, dest):
+        self.fs.move(src, dest)
+
+    def copy_file(self, src, dest):
+        self.fs.copy_file(src, dest)
+
+    def open_input_stream(self, path):
+        return self.fs.open_input_stream(path, compression=None)
+
+    def open_input_file(self, path):
+        return self.fs.open_input_file(path)
+
+    def open_output_stream(self, path, metadata):
+        return self.fs.open_output_stream(path, compression=None)
+
+    def open_append_stream(self, path, metadata):
+        return self.fs.open_append_stream(path, compression=None)
+
+
+FILESYSTEMS = ["local", "subtree-local", "subtree-not-local"]
+
+
+def sink_on(kind: str, root, fmt: str = "jsonl") -> FileSink:
+    """A sink writing into ``root/out`` through a filesystem of the given kind."""
+    if kind == "local":
+        return FileSink(root / "out", fmt, EO)
+    base = (
+        pafs.LocalFileSystem() if kind == "subtree-local" else pafs.PyFileSystem(LocalButNotLocal())
+    )
+    return FileSink("out", fmt, EO, filesystem=pafs.SubTreeFileSystem(str(root), base))
+
+
+def on_disk(root, c: FileCommittable) -> str:
+    return str(root / "out" / os.path.basename(c.final_path))
+
+
+@pytest.mark.parametrize("kind", FILESYSTEMS)
+def test_repeated_commit_succeeds_on_every_filesystem(tmp_path, kind):
+    sink = sink_on(kind, tmp_path)
+    c = write_part(sink, [1, 2])
+    assert c.token and (c.file_id is None) == (kind == "subtree-not-local")
+    sink.commit(c)
+    sink.commit(c)
+    copy = pickle.loads(cloudpickle.dumps(sink))  # a restored subtask, in another process
+    copy.commit(pickle.loads(pickle.dumps(c)))
+    assert visible(tmp_path / "out") == [os.path.basename(c.final_path)]
+    assert sink.committed_files() == [c.final_path] and sink.in_progress_files() == []
+    if kind == "subtree-not-local":  # the marker is hidden from readers and listings
+        assert hidden(tmp_path / "out") == [f".{os.path.basename(c.final_path)}.committed"]
+    else:
+        assert hidden(tmp_path / "out") == []
+
+
+@pytest.mark.parametrize("kind", FILESYSTEMS)
+def test_repeated_commit_refuses_a_same_size_file_of_another_transaction(tmp_path, kind):
+    # The job run again under its name (or a replay) writes the same part name with a
+    # part of the same size: the first transaction's repeated commit must not take that
+    # file for its own and claim exactly-once.
+    first = sink_on(kind, tmp_path)
+    ours = write_part(first, [1])
+    first.commit(ours)
+    second = sink_on(kind, tmp_path)  # another run, same job name, same directory
+    theirs = write_part(second, [2])
+    assert theirs.final_path == ours.final_path and theirs.size == ours.size
+    second.commit(theirs)  # replaces the final file
+    with pytest.raises(RuntimeError, match="another transaction|another file") as info:
+        first.commit(ours)
+    assert "something else wrote that name" in str(info.value)
+    second.commit(theirs)  # the genuine repeated commit still succeeds
+    assert read_values(tmp_path / "out") == [2]
+
+
+@pytest.mark.parametrize("kind", ["local", "subtree-local"])
+def test_repeated_commit_refuses_a_same_size_file_written_by_something_else(tmp_path, kind):
+    # On a local disk the inode tells; elsewhere only a FileSink transaction's own marker
+    # does (a writer that bypasses the sink is not seen there, see the module docstring).
+    sink = sink_on(kind, tmp_path)
+    c = write_part(sink, [1])
+    sink.commit(c)
+    final = on_disk(tmp_path, c)
+    with open(final, "rb") as f:
+        data = f.read()
+    # Another writer puts a file of the same size (here: the same bytes) in its place.
+    with open(final + ".new", "wb") as f:
+        f.write(data)
+    os.replace(final + ".new", final)
+    with pytest.raises(RuntimeError, match="is gone and"):
+        sink.commit(c)
+
+
+def test_commit_marker_that_is_missing_is_not_ours(tmp_path):
+    sink = sink_on("subtree-not-local", tmp_path)
+    c = write_part(sink, [1])
+    sink.commit(c)
+    os.remove(tmp_path / "out" / f".{os.path.basename(c.final_path)}.committed")
+    with pytest.raises(RuntimeError, match="commit marker .* does not exist"):
+        sink.commit(c)
+
+
+def test_file_identity_and_device_numbers(tmp_path):
+    sink = FileSink(tmp_path, "jsonl", EO)
+    c = write_part(sink, [1])
+    st = os.stat(c.tmp_path)
+    assert c.file_id == (st.st_dev, st.st_ino, st.st_mtime_ns)
+    sink.commit(c)
+    dev, ino, mtime_ns = c.file_id
+    # Another machine (a directory shared over NFS) or another boot may show the file
+    # under another device number: inode, mtime and size still identify it.
+    sink.commit(c._replace(file_id=(dev + 1, ino, mtime_ns), boot_id="another-boot"))
+    sink.commit(c._replace(file_id=(dev + 1, ino, mtime_ns), boot_id=None))
+    if c.boot_id is not None:  # in the same boot a device number that differs counts
+        with pytest.raises(RuntimeError, match="another file"):
+            sink.commit(c._replace(file_id=(dev + 1, ino, mtime_ns)))
+    with pytest.raises(RuntimeError, match="another file"):
+        sink.commit(c._replace(file_id=(dev, ino + 1, mtime_ns), boot_id=None))
+    with pytest.raises(RuntimeError, match="another file"):
+        sink.commit(c._replace(file_id=(dev, ino, mtime_ns + 1)))
+
+
+# FileCommittable as older versions defined it.
+OldFileCommittable = collections.namedtuple(
+    "FileCommittable", ["tmp_path", "final_path", "size"], module="sinks.files"
+)
+
+
+def old_pickle(c: FileCommittable, monkeypatch) -> bytes:
+    """``c`` pickled as an older version pickled its 3-field FileCommittable."""
+    old = OldFileCommittable(c.tmp_path, c.final_path, c.size)
+    with monkeypatch.context() as patch:
+        patch.setattr(sinks.files, "FileCommittable", OldFileCommittable)
+        return pickle.dumps(old, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def test_committables_of_older_versions_still_load_and_commit(tmp_path, caplog, monkeypatch):
+    sink = FileSink(tmp_path, "jsonl", EO)
+    c = write_part(sink, [1])
+    data = old_pickle(c, monkeypatch)
+    assert b"boot_id" not in data and b"file_id" not in data
+    old = pickle.loads(data)
+    assert type(old) is FileCommittable
+    assert old == (c.tmp_path, c.final_path, c.size, None, None, None)
+    sink.commit(old)  # the in-progress file is there: renamed as always
+    with caplog.at_level(logging.WARNING, logger="rayflow.sinks.files"):
+        sink.commit(old)  # repeated: recognised by size only, and said so
+        sink.commit(tuple(old[:3]))  # a plain tuple too
+    assert "older version" in caplog.text
+    assert read_values(tmp_path) == [1]
+    other = write_part(sink, [22])  # a different size is refused even then
+    os.remove(other.tmp_path)
+    with pytest.raises(RuntimeError, match="bytes"):
+        sink.commit(FileCommittable(other.tmp_path, c.final_path, other.size))
 
 
 # --- abort -----------------------------------------------------------------------------
