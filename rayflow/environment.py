@@ -192,9 +192,11 @@ class JobClient:
             return
         try:
             ray.get(self._master.cancel.remote())
-            ray.wait([self._run_ref], timeout=timeout)
+            done, _ = ray.wait([self._run_ref], timeout=timeout)
         except ray.exceptions.RayActorError:
-            pass
+            return
+        if done:
+            self._release()  # the run's outcome stays readable: the client owns it
 
     def wait(self, timeout: float | None = None) -> JobResult:
         """Block until the job ends; raises :class:`~rayflow.errors.JobFailedError` if it failed."""

@@ -113,6 +113,15 @@ class _AttemptFailed(Exception):
         self.secondary = secondary
 
 
+def _rss_bytes() -> int | None:
+    try:
+        import psutil
+
+        return psutil.Process().memory_info().rss
+    except Exception:  # noqa: BLE001 - not available here
+        return None
+
+
 async def kill_and_wait(actors: Any, timeout_s: float = 15.0) -> None:
     """Kill actors and return once each is dead (or ``timeout_s`` passed): after this no
     thread of theirs writes anything."""
@@ -182,6 +191,7 @@ class JobMaster:
             "finished_at": self.finished_at,
             "completed_checkpoints": list(self.history.completed_ids),
             "checkpoint_summary": self.history.summary(),
+            "rss_bytes": _rss_bytes(),
         }
 
     async def supervisor_state(self) -> SupervisorState:

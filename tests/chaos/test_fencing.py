@@ -1,0 +1,327 @@
+"""Schedules that broke exactly-once when work did not know its run and attempt.
+
+Each test is one failure schedule: which process dies, or is only slow, right after
+which step, and what the user did before (a rerun under the same job name with the
+same checkpoint storage, a restore from an older checkpoint, a cancel).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+
+import pytest
+import ray
+
+from rayflow import JobFailedError, NumberSequenceSource, StreamExecutionEnvironment
+from rayflow.checkpoint.storage import CheckpointStorage
+from rayflow.config import RestartStrategies
+from rayflow.testing import Fault, FaultPlan, FaultPoint, inject_faults, wait_for_checkpoints
+from sinks.basic import CollectSink
+from sinks.files import FileSink
+from tests.chaos.harness import (
+    KEYS,
+    build_keyed_sum,
+    expected_rows,
+    expected_sums,
+    outcome,
+    unique_job,
+    with_key,
+)
+from tests.chaos.test_file_sink_chaos import in_progress, read_committed, rows_per_key
+
+P = 2
+BATCH = 5000
+
+
+def _job_actors(job_id: str) -> list[str]:
+    return [
+        a["name"]
+        for a in ray.util.list_named_actors(all_namespaces=True)
+        if a["name"].startswith(f"rayflow:{job_id}:")
+    ]
+
+
+@pytest.mark.chaos
+def test_a_rerun_whose_master_dies_before_its_first_checkpoint_restores_only_its_own_run(
+    tmp_path,
+):
+    """Schedule 1: the same job name, the same storage; run 1 finished and retained its
+    final checkpoint. Run 2 (more input) loses its job master before its first
+    checkpoint: the new master must start run 2 from scratch, not from run 1's end."""
+    job = unique_job("nightly")
+    env1, sink1 = build_keyed_sum(20_000, P, BATCH, rate=None, storage=str(tmp_path))
+    first = env1.execute(job)
+    assert outcome(first, sink1).sums == expected_sums(20_000)
+
+    n = 200_000
+    plan = FaultPlan([Fault(FaultPoint.JOB_MASTER_BEFORE_FIRST_CHECKPOINT, attempt=0)])
+    env2, sink2 = build_keyed_sum(n, P, BATCH, rate=200_000, storage=str(tmp_path), plan=plan)
+    result = env2.execute(job)
+    got = outcome(result, sink2)
+    assert result.job_master_restarts == 1
+    assert result.restored_from is None  # nothing of its own to restore
+    assert got.sums == expected_sums(n)
+    assert got.rows == expected_rows(n, P, BATCH)
+    assert result.run_id != first.run_id
+    assert result.checkpoint_location != first.checkpoint_location
+
+
+@pytest.mark.chaos
+def test_a_restored_run_whose_master_dies_early_restarts_from_its_own_restore_point(tmp_path):
+    """Schedule 1, second form: a run started with restore_from=X restarts from X after
+    its master dies, not from the newest checkpoint in storage (another run's)."""
+    job = unique_job("restore-point")
+    n = 100_000
+    env, sink = build_keyed_sum(n, P, BATCH, rate=50_000, storage=str(tmp_path))
+    env.get_checkpoint_config().set_num_retained_checkpoints(10)
+    client = env.execute_async(job)
+    assert wait_for_checkpoints(client, 2, timeout_s=30) >= 2
+    client.cancel()
+    with pytest.raises(JobFailedError):
+        client.wait()
+    run_dir = tmp_path / job / client.run_id
+    kept = sorted(int(p.name[4:]) for p in run_dir.iterdir() if (p / "_metadata").exists())
+    # a newer run of the same name completes: its final checkpoint is the newest in storage
+    env_b, _ = build_keyed_sum(5_000, P, BATCH, rate=None, storage=str(tmp_path))
+    env_b.execute(job)
+
+    plan = FaultPlan([Fault(FaultPoint.JOB_MASTER_BEFORE_FIRST_CHECKPOINT, attempt=0)])
+    env2, sink2 = build_keyed_sum(n, P, BATCH, rate=None, storage=str(tmp_path), plan=plan)
+    result = env2.execute(job, restore_from=str(run_dir / f"chk-{kept[0]}"))
+    assert result.job_master_restarts == 1
+    assert result.restored_from == kept[0]
+    assert outcome(result, sink2).sums == expected_sums(n)
+
+
+@pytest.mark.chaos
+def test_two_concurrent_runs_of_one_job_name_never_share_checkpoints(tmp_path):
+    job = unique_job("twins")
+    n = 100_000
+    env_a, sink_a = build_keyed_sum(n, P, BATCH, rate=100_000, storage=str(tmp_path))
+    env_b, sink_b = build_keyed_sum(n // 2, P, BATCH, rate=100_000, storage=str(tmp_path))
+    a, b = env_a.execute_async(job), env_b.execute_async(job)
+    ra, rb = a.wait(), b.wait()
+    assert outcome(ra, sink_a).sums == expected_sums(n)
+    assert outcome(rb, sink_b).sums == expected_sums(n // 2)
+    assert ra.checkpoint_location != rb.checkpoint_location
+    for result in (ra, rb):
+        storage = CheckpointStorage(str(tmp_path), job, run_id=result.run_id)
+        meta = storage.load_metadata(storage.completed_ids()[-1])
+        assert meta.run_id == result.run_id
+        assert all(
+            os.path.dirname(os.path.dirname(s.path)) == result.checkpoint_location
+            for s in meta.subtasks.values()
+        )
+
+
+def _file_sum_job(directory, n: int, plan: FaultPlan, storage: str, rate: float = 200_000):
+    env, _ = build_keyed_sum(
+        n, P, BATCH, rate=rate, storage=storage, plan=plan, sink=FileSink(str(directory))
+    )
+    return env
+
+
+@pytest.mark.chaos
+def test_a_slow_recover_thread_of_a_failed_attempt_never_touches_the_next_attempt(tmp_path):
+    """Schedule 2: attempt 1's recover thread of a sink subtask stalls; meanwhile a
+    source subtask dies, so attempt 1 fails and attempt 2 starts. The stalled thread
+    must not abort attempt 2's in-progress parts (the actor is replaced, or the fence
+    stops the thread)."""
+    n = 300_000
+    out = tmp_path / "out"
+    plan = FaultPlan(
+        [
+            Fault(FaultPoint.AFTER_RECORDS, attempt=0, vertex="numbers", subtask=0, records=60_000),
+            Fault(
+                FaultPoint.DURING_RECOVER,
+                attempt=1,
+                vertex="committed",
+                subtask=0,
+                action="sleep",
+                seconds=4.0,
+            ),
+            Fault(FaultPoint.AFTER_RECORDS, attempt=1, vertex="numbers", subtask=1, records=5_000),
+        ]
+    )
+    env = _file_sum_job(out, n, plan, str(tmp_path / "chk"))
+    result = env.execute(unique_job("slow-recover"))
+    assert result.restarts == 2
+    got = rows_per_key(read_committed(out, "jsonl"))
+    assert {k: v[-1] for k, v in got.items()} == expected_sums(n)
+    assert sum(len(v) for v in got.values()) == expected_rows(n, P, BATCH)
+    assert in_progress(out) == []
+
+
+@pytest.mark.chaos
+def test_keyed_state_survives_a_kill_when_the_keyed_operator_sets_its_own_max_parallelism(
+    tmp_path,
+):
+    """Schedule 3: records must be routed by the receiving operator's key groups."""
+    n = 200_000
+    env = StreamExecutionEnvironment.get_execution_environment().set_parallelism(P)
+    env.enable_checkpointing(200)
+    env.get_checkpoint_config().set_checkpoint_storage(str(tmp_path))
+    env.set_restart_strategy(RestartStrategies.fixed_delay_restart(5, 50))
+    inject_faults(
+        env,
+        FaultPlan(
+            [Fault(FaultPoint.AFTER_RECORDS, attempt=0, vertex="sum", subtask=1, records=80_000)]
+        ),
+    )
+    sink = CollectSink()
+    (
+        env.from_source(
+            NumberSequenceSource(0, n - 1, batch_size=BATCH, records_per_second=200_000),
+            "numbers",
+        )
+        .uid("numbers")
+        .map_batches(with_key, name="with-key")
+        .key_by("key")
+        .sum("value", name="sum")
+        .uid("sum")
+        .set_max_parallelism(256)
+        .sink_to(sink, name="committed")
+        .uid("committed")
+    )
+    result = env.execute(unique_job("maxp"))
+    assert result.restarts == 1
+    assert outcome(result, sink).sums == expected_sums(n)
+
+
+@pytest.mark.chaos
+def test_a_late_blob_write_of_a_failed_attempt_never_corrupts_a_completed_checkpoint(tmp_path):
+    """Schedule 4: attempt 0's blob write for its 2nd checkpoint stalls while another
+    subtask dies. Attempt 1 must not reuse that checkpoint id, and the late write must
+    land where no completed checkpoint looks."""
+    n = 300_000
+    plan = FaultPlan(
+        [
+            Fault(
+                FaultPoint.DURING_BLOB_WRITE,
+                attempt=0,
+                vertex="running-sum",
+                subtask=0,
+                checkpoint=2,
+                action="sleep",
+                seconds=3.0,
+            ),
+            Fault(FaultPoint.AFTER_RECORDS, attempt=0, vertex="numbers", subtask=1, records=90_000),
+        ]
+    )
+    env, sink = build_keyed_sum(n, P, BATCH, rate=150_000, storage=str(tmp_path), plan=plan)
+    env.get_checkpoint_config().set_num_retained_checkpoints(50)
+    job = unique_job("late-blob")
+    result = env.execute(job)
+    assert result.restarts == 1
+    assert outcome(result, sink).sums == expected_sums(n)
+    storage = CheckpointStorage(str(tmp_path), job, run_id=result.run_id)
+    ids = storage.completed_ids()
+    for cid in ids:
+        meta = storage.load_metadata(cid)
+        for sub in meta.subtasks.values():
+            # every blob a checkpoint refers to was written by the attempt that completed it
+            assert os.path.basename(sub.path).startswith(f"a{meta.attempt}-")
+    # every retained checkpoint restores to a consistent state
+    for cid in ids[:-1]:
+        env2, sink2 = build_keyed_sum(n, P, BATCH, rate=None, storage=str(tmp_path))
+        restored = env2.execute(job, restore_from=f"{result.checkpoint_location}/chk-{cid}")
+        assert outcome(restored, sink2).sums == expected_sums(n)
+        break  # one older checkpoint is enough to show it; each restore costs a job
+
+
+@pytest.mark.chaos
+def test_a_kept_subtask_killed_during_the_restart_delay_is_replaced_not_escalated(tmp_path):
+    """Schedule 5: a subtask kept for reuse dies while the job waits to restart: the next
+    attempt replaces it; the job master is not restarted."""
+    n = 200_000
+    plan = FaultPlan(
+        [
+            Fault(FaultPoint.AFTER_RECORDS, attempt=0, vertex="numbers", subtask=0, records=50_000),
+            Fault(FaultPoint.DURING_RESTART_DELAY, attempt=0, vertex="running-sum", subtask=1),
+        ]
+    )
+    env, sink = build_keyed_sum(
+        n, P, BATCH, rate=200_000, storage=str(tmp_path), plan=plan, restart_delay_ms=500
+    )
+    result = env.execute(unique_job("restart-delay"))
+    assert result.job_master_restarts == 0
+    assert result.restarts == 1
+    assert outcome(result, sink).sums == expected_sums(n)
+
+
+class _Unloadable:
+    """Unpickles only in the process that made it: a job master elsewhere cannot load the
+    job graph."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+
+    def __reduce__(self):
+        return (_Unloadable._load, (self.pid,))
+
+    @staticmethod
+    def _load(pid: int) -> _Unloadable:
+        if os.getpid() != pid:
+            raise RuntimeError("this object cannot be loaded here")
+        obj = _Unloadable.__new__(_Unloadable)
+        obj.pid = pid
+        return obj
+
+
+def test_a_job_graph_the_master_cannot_load_fails_at_once(tmp_path):
+    """Schedule 5: a job master that cannot start is not restarted again and again."""
+    env, _ = build_keyed_sum(1000, 1, 100, storage=str(tmp_path))
+    thing = _Unloadable()
+    env._plan.transformations[0].source.unloadable = thing  # travels with the job graph
+    client = env.execute_async(unique_job("unloadable"))
+    with pytest.raises(JobFailedError, match="could not start"):
+        client.wait(timeout=60)
+    assert _job_actors(client.job_id) == []
+
+
+@pytest.mark.chaos
+def test_cancel_leaves_no_open_transaction_and_no_actor(tmp_path):
+    """Schedule 6: cancel closes every operator and aborts open transactions before the
+    actors go; what completed checkpoints hold is committed whole."""
+    out = tmp_path / "out"
+    env = _file_sum_job(out, 2_000_000, FaultPlan([]), str(tmp_path / "chk"), rate=100_000)
+    client = env.execute_async(unique_job("cancel"))
+    assert wait_for_checkpoints(client, 2, timeout_s=60) >= 2
+    client.cancel()
+    assert in_progress(out) == []
+    assert _job_actors(client.job_id) == []
+    with pytest.raises(JobFailedError, match="cancelled"):
+        client.wait()
+    assert client.get_job_status() == "CANCELED"
+    table = read_committed(out, "jsonl")  # every committed part is whole and readable
+    assert table.num_rows > 0
+    assert set(table.column("key").to_pylist()) <= set(range(KEYS))
+
+
+@pytest.mark.chaos
+def test_a_lost_final_notification_is_sent_again(tmp_path):
+    plan = FaultPlan(
+        [Fault(FaultPoint.FINAL_NOTIFY, attempt=0, vertex="committed", subtask=0, action="drop")]
+    )
+    n = 50_000
+    env, sink = build_keyed_sum(n, P, BATCH, rate=None, storage=str(tmp_path), plan=plan)
+    client = env.execute_async(unique_job("final-notify"))
+    result = client.wait(timeout=60)
+    got = outcome(result, sink)
+    assert got.sums == expected_sums(n)
+    assert got.rows == expected_rows(n, P, BATCH)
+
+
+def test_history_of_checkpoints_and_commits_stays_bounded(tmp_path):
+    """Schedule 7: a long job's checkpoint history and commit stats do not grow."""
+    n = 400_000
+    env, sink = build_keyed_sum(n, P, BATCH, rate=200_000, checkpoint_ms=10, storage=str(tmp_path))
+    result = env.execute(unique_job("bounded"))
+    assert outcome(result, sink).sums == expected_sums(n)
+    completed = result.checkpoint_summary["counts"]["COMPLETED"]
+    assert completed > 20
+    assert len(result.checkpoints) <= 10
+    commits = result.commit_latencies("committed")
+    assert len(commits) <= 10 * P
+    assert pickle.dumps(result.checkpoints)  # what status()/metrics() ship stays small
