@@ -152,11 +152,14 @@ def _add_checkpoints(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "checkpoints",
         help="list and inspect retained checkpoints",
-        description="List the completed checkpoints of a job (PATH is the job's checkpoint "
-        "directory, e.g. /tmp/rayflow-checkpoints/<job>) or inspect one (PATH ends in "
-        "chk-<n>): id, completion time, size, and the state size of every operator.",
+        description="List the completed checkpoints of every run of a job (PATH is the job's "
+        "checkpoint directory, e.g. /tmp/rayflow-checkpoints/<job>), of one run (PATH is a "
+        "run-<...> directory in it) or inspect one (PATH ends in chk-<n>): id, completion "
+        "time, size, and the state size of every operator.",
     )
-    parser.add_argument("path", help="a job's checkpoint directory, or one chk-<n> in it")
+    parser.add_argument(
+        "path", help="a job's checkpoint directory, one of its run directories, or one chk-<n>"
+    )
     parser.set_defaults(handler=_checkpoints)
 
 

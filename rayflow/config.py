@@ -39,7 +39,7 @@ class CheckpointConfig:
     ``checkpoint_storage`` is a local directory or any ``pyarrow.fs`` URI
     (``s3://bucket/prefix``); ``storage_options`` go to the filesystem
     (for S3: ``endpoint_override``, ``access_key``, ``secret_key``, ``region``, ``scheme``).
-    Each job writes under ``<storage>/<job name>/chk-<n>/``.
+    Each run of a job writes under ``<storage>/<job name>/<run id>/chk-<n>/``.
     """
 
     interval_ms: int | None = None

@@ -28,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from rayflow.checkpoint.failures import CheckpointFailureManager
 from rayflow.checkpoint.metadata import CheckpointMetadata, SubtaskStateMeta
 from rayflow.checkpoint.storage import CheckpointStorage
 from rayflow.config import CheckpointConfig
@@ -121,10 +122,6 @@ class CheckpointHistory:
         }
 
 
-class CheckpointFailureLimit(RuntimeError):
-    """More checkpoints failed in a row than the configuration tolerates."""
-
-
 class CheckpointCoordinator:
     def __init__(
         self,
@@ -140,6 +137,7 @@ class CheckpointCoordinator:
         history: CheckpointHistory,
         latest: CompletedCheckpoint | None,
         run_id: str | None = None,
+        failures: CheckpointFailureManager | None = None,
     ) -> None:
         self.job_name = job_name
         self.run_id = run_id
@@ -157,7 +155,7 @@ class CheckpointCoordinator:
         self.pending: PendingCheckpoint | None = None
         self._final_requested = False
         self._final_done = False
-        self._consecutive_failures = 0
+        self.failures = failures or CheckpointFailureManager(config.tolerable_failed_checkpoints)
         self._last_end = 0.0
         self._wakeup = asyncio.Event()
         self._loop_task: asyncio.Task | None = None
@@ -264,8 +262,8 @@ class CheckpointCoordinator:
             missing = sorted(pending.expected - set(pending.acks))
             await self._abort(
                 pending,
-                f"{CheckpointFailureReason.TIMEOUT}: timed out after {self.config.timeout_ms} ms "
-                f"waiting for subtasks {missing}",
+                CheckpointFailureReason.TIMEOUT,
+                f"timed out after {self.config.timeout_ms} ms waiting for subtasks {missing}",
             )
 
     # --- acknowledgements ---------------------------------------------------------------
@@ -286,7 +284,7 @@ class CheckpointCoordinator:
         pending = self.pending
         if pending is not None and pending.checkpoint_id == cid:
             await self._abort(
-                pending, f"{CheckpointFailureReason.DECLINED}: declined by subtask {key}: {reason}"
+                pending, CheckpointFailureReason.DECLINED, f"declined by subtask {key}: {reason}"
             )
 
     async def _complete(self, pending: PendingCheckpoint) -> None:
@@ -300,14 +298,14 @@ class CheckpointCoordinator:
         except Exception as exc:  # noqa: BLE001
             await self._abort(
                 pending,
-                f"{CheckpointFailureReason.METADATA_WRITE_FAILED}: metadata write failed: "
-                f"{type(exc).__name__}: {exc}",
+                CheckpointFailureReason.METADATA_WRITE_FAILED,
+                f"metadata write failed: {type(exc).__name__}: {exc}",
                 force=True,
             )
             return
         # ---- commit point: checkpoint `cid` exists from here on ----
         self.pending = None
-        self._consecutive_failures = 0
+        self.failures.on_success()
         self._last_end = time.time()
         self._checkpoints_this_attempt += 1
         previous = self.latest
@@ -364,7 +362,14 @@ class CheckpointCoordinator:
         except Exception as exc:  # noqa: BLE001 - retried at the next completion
             log.warning("checkpoint clean-up of %r failed: %s", self.job_name, exc)
 
-    async def _abort(self, pending: PendingCheckpoint, reason: str, force: bool = False) -> None:
+    async def _abort(
+        self,
+        pending: PendingCheckpoint,
+        cause: CheckpointFailureReason,
+        detail: str,
+        force: bool = False,
+    ) -> None:
+        reason = f"{cause}: {detail}"
         if self.pending is not pending:
             return
         if len(pending.acks) == len(pending.expected) and not force:
@@ -378,15 +383,9 @@ class CheckpointCoordinator:
         for actor in self.tasks.values():
             actor.notify_checkpoint_aborted.remote(self.attempt, pending.checkpoint_id)
         self._spawn(asyncio.to_thread(self.storage.discard, pending.checkpoint_id))
-        self._consecutive_failures += 1
-        if self._consecutive_failures > self.config.tolerable_failed_checkpoints:
-            self.on_failure(
-                CheckpointFailureLimit(
-                    f"checkpoint {pending.checkpoint_id} failed ({reason}); "
-                    f"{self._consecutive_failures} failed in a row, "
-                    f"{self.config.tolerable_failed_checkpoints} tolerated"
-                )
-            )
+        limit = self.failures.on_failure(pending.checkpoint_id, cause, reason)
+        if limit is not None:
+            self.on_failure(limit)
         self._wakeup.set()
 
     # --- metadata and stats ---------------------------------------------------------------

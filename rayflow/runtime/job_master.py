@@ -36,6 +36,7 @@ from rayflow.checkpoint.coordinator import (
     CheckpointIdCounter,
     CompletedCheckpoint,
 )
+from rayflow.checkpoint.failures import CheckpointFailureManager
 from rayflow.checkpoint.metadata import CheckpointMetadata
 from rayflow.checkpoint.storage import CheckpointStorage
 from rayflow.config import CheckpointConfig, RestartStrategy, default_restart_strategy
@@ -43,12 +44,8 @@ from rayflow.errors import JobCancelledError, JobFailedError, OperatorError
 from rayflow.plan.partitioners import PartitionKind
 from rayflow.plan.physical import JobGraph
 from rayflow.runtime.hooks import HookPoint, RuntimeHooks
-from rayflow.runtime.subtask import (
-    OutputDeployment,
-    StateHandle,
-    SubtaskActor,
-    SubtaskDeployment,
-)
+from rayflow.runtime.restore import assign_source_splits, state_handles
+from rayflow.runtime.subtask import OutputDeployment, SubtaskActor, SubtaskDeployment
 from rayflow.runtime.supervisor import RestartSupervisor, SupervisorState
 from rayflow.status import FailureKind, JobState
 
@@ -160,6 +157,9 @@ class JobMaster:
         self.started_at: float | None = None
         self.finished_at: float | None = None
         self.history = CheckpointHistory(CHECKPOINT_HISTORY)
+        self.checkpoint_failures = CheckpointFailureManager(
+            settings.checkpoint_config.tolerable_failed_checkpoints
+        )
         self.coordinator: CheckpointCoordinator | None = None
         self.storage = settings.storage() if settings.checkpointing else None
         self.latest: CompletedCheckpoint | None = None
@@ -415,6 +415,7 @@ class JobMaster:
                 self.history,
                 restore,
                 run_id=settings.run_id,
+                failures=self.checkpoint_failures,
             )
             self.coordinator.start()
         self._run_refs = {key: actor.run.remote() for key, actor in self.actors.items()}
@@ -587,8 +588,9 @@ class JobMaster:
         redeploys: dict[tuple[int, int], Any] = {}
         for vertex_id in reversed(graph.topological_order()):
             vertex = graph.vertices[vertex_id]
-            splits = self._source_splits(vertex, restore) if vertex.is_source else None
-            handles = self._state_handles(vertex, restore)
+            meta = restore.metadata if restore else None
+            splits = assign_source_splits(vertex, meta) if vertex.is_source else None
+            handles = state_handles(vertex, meta, restore.refs if restore else None)
             for index in range(vertex.parallelism):
                 outputs = []
                 for edge_id in vertex.out_edges:
@@ -674,31 +676,3 @@ class JobMaster:
             max_concurrency=max(1000, channels * (settings.send_window + 2) + 64),
             **settings.subtask_options,
         ).remote(deployment)
-
-    def _source_splits(self, vertex: Any, restore: CompletedCheckpoint | None) -> list[list[Any]]:
-        per_subtask: list[list[Any]] = [[] for _ in range(vertex.parallelism)]
-        saved = restore.metadata.source_splits.get(vertex.source_uid) if restore else None
-        if saved is not None:
-            splits = sorted(saved, key=lambda s: s.split_id)
-        else:
-            splits = vertex.source.create_splits(vertex.parallelism)
-        for i, split in enumerate(splits):
-            per_subtask[i % vertex.parallelism].append(split)
-        return per_subtask
-
-    def _state_handles(self, vertex: Any, restore: CompletedCheckpoint | None) -> list[StateHandle]:
-        if restore is None:
-            return []
-        uids = {op.uid for op in vertex.operators}
-        handles = []
-        for key, entry in sorted(restore.metadata.subtasks.items()):
-            if uids & set(entry.uids):
-                handles.append(
-                    StateHandle(
-                        old_index=key[1],
-                        old_parallelism=entry.parallelism,
-                        path=entry.path,
-                        ref=restore.refs.get(key),
-                    )
-                )
-        return handles

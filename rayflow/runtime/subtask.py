@@ -44,6 +44,7 @@ from rayflow.runtime.events import CheckpointBarrier, EndOfInput
 from rayflow.runtime.fence import AttemptFence
 from rayflow.runtime.hooks import HookPoint, SubtaskHooks
 from rayflow.runtime.operators import Operator, OperatorContext
+from rayflow.runtime.restore import StateHandle
 
 #: Concurrency group of control calls: never queued behind data pushes that wait for
 #: buffer space (at high fan-in those could take every slot while a barrier is aligned).
@@ -57,16 +58,6 @@ class OutputDeployment:
     partitioner: PartitionerSpec
     receivers: list[tuple[Any, int]]  # (actor handle, channel index at that receiver)
     max_parallelism: int = 128  # the receiving operator's: keys go to its key groups
-
-
-@dataclass
-class StateHandle:
-    """Where one subtask's snapshot of a checkpoint lives: object store and durable path."""
-
-    old_index: int
-    old_parallelism: int
-    path: str
-    ref: Any = None  # ObjectRef owned by the job master, while it lives
 
 
 @dataclass
