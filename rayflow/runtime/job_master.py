@@ -88,6 +88,13 @@ class JobSettings:
         return RestartSupervisor.new(self.run_id, strategy)
 
 
+def subtask_max_concurrency(channels: int, send_window: int) -> int:
+    """Concurrency slots of a subtask actor's data group: every input channel may have a
+    full send window of pushes waiting for buffer space (while aligned checkpoints block
+    it) and the barrier push on the last channel must still get in."""
+    return max(1000, channels * (send_window + 2) + 64)
+
+
 def subtask_actor_name(job_id: str, vertex_id: int, index: int, incarnation: str) -> str:
     """Subtask actors are named, so tools (and tests) can find every actor of a job."""
     return f"rayflow:{job_id}:v{vertex_id}:s{index}:{incarnation}"
@@ -672,7 +679,6 @@ class JobMaster:
             name=subtask_actor_name(
                 settings.job_id, key[0], key[1], f"g{self.generation}-{self._incarnations}"
             ),
-            # every input channel may have a full send window of pushes in flight
-            max_concurrency=max(1000, channels * (settings.send_window + 2) + 64),
+            max_concurrency=subtask_max_concurrency(channels, settings.send_window),
             **settings.subtask_options,
         ).remote(deployment)

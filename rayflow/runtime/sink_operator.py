@@ -239,8 +239,12 @@ class TwoPhaseCommitSinkOperator(Operator):
 
     def on_cancel(self, latest_completed: int | None) -> None:
         """The job is cancelled: commit what the latest completed checkpoint (and those
-        before it) pre-committed, abort every other transaction of this subtask."""
+        before it) pre-committed, abort every other transaction of this subtask, and the
+        lingering ones of earlier attempts (everything legitimate is committed by then)."""
         try:
+            for committable in self.restored:  # of a completed checkpoint; not yet recovered
+                self._commit(committable, fenced=False)
+            self.restored = []
             for cid in sorted(self.pending):
                 for committable in self.pending[cid]:
                     if latest_completed is not None and cid <= latest_completed:
@@ -254,6 +258,9 @@ class TwoPhaseCommitSinkOperator(Operator):
             transaction, self.transaction = self.transaction, None
             if transaction is not None:
                 self.sink.abort_transaction(transaction)
+            if self.mode is DeliveryGuarantee.EXACTLY_ONCE:
+                for index in sorted(self.restored_old_indices | {self.context.subtask_index}):
+                    self.sink.abort_lingering(replace(self.sink_context, subtask_index=index), [])
         finally:
             self.sink.close()
 
