@@ -66,7 +66,7 @@ def main() -> int:
         while True:
             status = ray.get(client._master.status.remote())
             done = status["checkpoint_summary"]["counts"]["COMPLETED"]
-            if done >= next_sample:
+            if done >= next_sample or done >= args.checkpoints:
                 samples.append((done, status["rss_bytes"] / 2**20, time.time() - started))
                 print(f"{done:>6} checkpoints  {samples[-1][1]:8.1f} MiB", flush=True)
                 next_sample = done + args.every
