@@ -12,7 +12,7 @@ from rayflow.config import (
 )
 from rayflow.datastream import DataStream, DataStreamSink, KeyedStream
 from rayflow.environment import JobClient, JobResult, StreamExecutionEnvironment
-from rayflow.errors import JobCancelledError, JobFailedError, OperatorError
+from rayflow.errors import ConcurrentRunError, JobCancelledError, JobFailedError, OperatorError
 from rayflow.functions import (
     FilterFunction,
     FlatMapFunction,
@@ -82,6 +82,7 @@ __all__ = [
     "DeliveryGuarantee",
     "JobFailedError",
     "JobCancelledError",
+    "ConcurrentRunError",
     "OperatorError",
     "__version__",
 ]

@@ -51,6 +51,9 @@ class CheckpointConfig:
     checkpoint_storage: str = field(default_factory=_default_storage)
     storage_options: dict[str, Any] = field(default_factory=dict)
     num_retained_checkpoints: int = 1
+    #: run directories of a job kept in storage (the newest; older ones are deleted when
+    #: a new run starts)
+    num_retained_runs: int = 10
 
     def is_checkpointing_enabled(self) -> bool:
         return self.interval_ms is not None
@@ -112,6 +115,14 @@ class CheckpointConfig:
         if count < 1:
             raise ValueError(f"retained checkpoints must be >= 1, got {count}")
         self.num_retained_checkpoints = count
+        return self
+
+    def set_num_retained_runs(self, count: int) -> CheckpointConfig:
+        """How many runs of a job keep their checkpoint directory (default 10): when a run
+        starts, the oldest beyond that are deleted."""
+        if count < 1:
+            raise ValueError(f"retained runs must be >= 1, got {count}")
+        self.num_retained_runs = count
         return self
 
 

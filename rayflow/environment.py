@@ -25,6 +25,7 @@ from rayflow.keygroups import DEFAULT_MAX_PARALLELISM
 from rayflow.plan.logical import LogicalPlan
 from rayflow.plan.physical import JobGraph, build_job_graph
 from rayflow.runtime.job_master import JobMaster, JobSettings, _unwrap
+from rayflow.runtime.run_lock import acquire_run_lock, release_run_lock
 from rayflow.runtime.supervisor import RestartSupervisor
 from rayflow.sink import Sink, UnsupportedGuaranteeError
 from rayflow.sources import CollectionSource, Source
@@ -110,8 +111,11 @@ class JobClient:
     this run's newest checkpoint (or the point the run started from).
     """
 
-    def __init__(self, job_name: str, job_id: str, graph: JobGraph, settings: JobSettings) -> None:
+    def __init__(
+        self, job_name: str, job_id: str, graph: JobGraph, settings: JobSettings, lock: Any = None
+    ) -> None:
         self.job_name = job_name
+        self._lock = lock
         self.job_id = job_id
         self.run_id = settings.run_id
         self._graph = graph
@@ -119,6 +123,9 @@ class JobClient:
         self._result: JobResult | None = None
         self._guarantees: dict[str, str] = {}
         self._state: JobState | None = None
+        self._cancel_requested = False
+        self._failure: str | None = None
+        self._outcome: BaseException | None = None
         self._start_master()
 
     def _start_master(self) -> None:
@@ -130,7 +137,11 @@ class JobClient:
         self._run_ref = self._master.run.remote()
 
     def _restart_master(self, exc: BaseException) -> bool:
-        """One supervisor for every restart: the master's loss spends the run's budget."""
+        """One supervisor for every restart: the master's loss spends the run's budget.
+
+        A cancel (asked here, or recorded by the dead master) is never resumed: the new
+        job master only finishes it. A run that cannot restart any more gets a job master
+        that cleans up its transactions, and then fails."""
         settings = self._settings
         if getattr(exc, "actor_init_failed", False):
             raise JobFailedError(
@@ -140,25 +151,31 @@ class JobClient:
         if not settings.checkpointing:
             return False
         storage = settings.storage()
-        try:
-            state = storage.read_job_state()
-        except Exception:  # noqa: BLE001 - unreadable: start from what the client knows
-            state = None
+        state = _retry(storage.read_job_state, f"job {self.job_name!r}: reading its state")
         if state is None:
             state = settings.supervisor or settings.new_supervisor().state
         supervisor = RestartSupervisor(state)
-        if supervisor.job_state.is_terminal or supervisor.job_state is JobState.CANCELLING:
-            return False
-        delay = supervisor.on_failure(
-            f"job master lost: {str(exc).strip().splitlines()[0] if str(exc).strip() else exc}",
-            FailureKind.JOB_MASTER_LOST,
-        )
-        if delay is None:
-            self._failure = supervisor.failure_message(self.job_name)
-            return False
+        if supervisor.job_state.is_terminal:
+            return False  # it ended before it died: nothing to resume or clean up
+        lost = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
+        delay = 0.0
+        if self._cancel_requested or supervisor.job_state is JobState.CANCELLING:
+            supervisor.cancel()
+        else:
+            found = supervisor.on_failure(f"job master lost: {lost}", FailureKind.JOB_MASTER_LOST)
+            if found is None:
+                self._failure = supervisor.failure_message(self.job_name)
+                supervisor.state.state = JobState.CANCELLING  # clean up, then fail
+            else:
+                delay = found
         _kill_job_actors(self.job_id)
         time.sleep(delay)
         settings.supervisor = supervisor.snapshot()
+        settings.cancel_requested = supervisor.job_state is JobState.CANCELLING
+        _retry(
+            lambda: storage.write_job_state(settings.supervisor),
+            f"job {self.job_name!r}: recording its state",
+        )
         self._start_master()
         return True
 
@@ -190,18 +207,24 @@ class JobClient:
         gone. ``wait()`` then raises :class:`~rayflow.errors.JobCancelledError`."""
         if self._result is not None or self._state is not None:
             return
+        self._cancel_requested = True
         try:
             ray.get(self._master.cancel.remote())
-            done, _ = ray.wait([self._run_ref], timeout=timeout)
         except ray.exceptions.RayActorError:
+            pass  # wait() below lets a new job master finish the cancel
+        try:
+            self.wait(timeout)
+        except ray.exceptions.GetTimeoutError:
             return
-        if done:
-            self._release()  # the run's outcome stays readable: the client owns it
+        except Exception as exc:  # noqa: BLE001 - what wait() raises from now on
+            self._outcome = exc
 
     def wait(self, timeout: float | None = None) -> JobResult:
         """Block until the job ends; raises :class:`~rayflow.errors.JobFailedError` if it failed."""
         if self._result is not None:
             return self._result
+        if self._outcome is not None:
+            raise self._outcome
         deadline = None if timeout is None else time.time() + timeout
         while True:
             remaining = None if deadline is None else max(0.0, deadline - time.time())
@@ -211,7 +234,6 @@ class JobClient:
             except ray.exceptions.GetTimeoutError:
                 raise
             except ray.exceptions.RayActorError as exc:
-                self._failure = None
                 if not self._restart_master(exc):
                     self._release()
                     self._state = JobState.FAILED
@@ -222,6 +244,8 @@ class JobClient:
             except Exception as exc:
                 self._release()
                 cause = _unwrap(exc)
+                if self._failure is not None and isinstance(cause, JobCancelledError):
+                    cause = JobFailedError(self._failure)  # cleaned up after a final failure
                 self._state = (
                     JobState.CANCELED if isinstance(cause, JobCancelledError) else JobState.FAILED
                 )
@@ -234,17 +258,36 @@ class JobClient:
     get_job_execution_result = wait
 
     def _release(self) -> None:
+        """The run is over: its job master (and any actor of the job left) goes, and
+        only then its job name's lock."""
         try:
             ray.kill(self._master, no_restart=True)
-        except Exception:  # noqa: BLE001 - already gone
+            _kill_job_actors(self.job_id)
+        except Exception:  # noqa: BLE001 - already gone, or going
             pass
+        release_run_lock(self._lock)
+        self._lock = None
 
 
 def settings_generation(settings: JobSettings) -> int:
     return settings.supervisor.master_generation if settings.supervisor else 0
 
 
-def _kill_job_actors(job_id: str, timeout_s: float = 15.0) -> None:
+def _retry(call: Any, what: str, tries: int = 4) -> Any:
+    """``call()``, retried with backoff on errors (storage may fail for a moment)."""
+    delay = 0.2
+    for attempt in range(tries):
+        try:
+            return call()
+        except Exception as exc:  # noqa: BLE001
+            if attempt == tries - 1:
+                raise JobFailedError(f"{what} failed: {type(exc).__name__}: {exc}") from None
+            time.sleep(delay)
+            delay *= 2
+    return None
+
+
+def _kill_job_actors(job_id: str, timeout_s: float = 30.0) -> None:
     """Kill every actor of a job and wait until each is dead: the next job master must
     not deploy next to subtasks of the old one that still write."""
     handles = []
@@ -258,13 +301,18 @@ def _kill_job_actors(job_id: str, timeout_s: float = 15.0) -> None:
                 pass
     deadline = time.time() + timeout_s
     for handle in handles:
-        while time.time() < deadline:
+        while True:
             try:
                 ray.get(handle.ready.remote(), timeout=1.0)
             except ray.exceptions.RayActorError:
                 break
             except Exception:  # noqa: BLE001 - not answering yet
                 pass
+            if time.time() > deadline:
+                raise JobFailedError(
+                    f"job {job_id}: actors of its lost job master are still alive after "
+                    f"{timeout_s:g} s; not starting another one beside them"
+                )
             time.sleep(0.05)
 
 
@@ -520,15 +568,21 @@ class StreamExecutionEnvironment:
             restart_strategy=self._restart_strategy,
             hooks=self._fault_plan,
         )
-        if restore_from is not None:
-            settings.initial_restore = self._load_restore(job_name, restore_from)
-        if config.is_checkpointing_enabled():
-            jobs = JobStorage(config.checkpoint_storage, job_name, config.storage_options)
-            settings.first_checkpoint_id = jobs.max_checkpoint_id() + 1
         ensure_ray()
-        for sink in _sinks_of(graph):
-            sink.setup(job_name)
-        client = JobClient(job_name, settings.job_id, graph, settings)
+        lock = acquire_run_lock(job_name, settings.run_id)  # before choosing what to restore
+        try:
+            if restore_from is not None:
+                settings.initial_restore = self._load_restore(job_name, restore_from)
+            if config.is_checkpointing_enabled():
+                jobs = JobStorage(config.checkpoint_storage, job_name, config.storage_options)
+                jobs.prune_runs(config.num_retained_runs - 1, settings.run_id)
+                settings.first_checkpoint_id = jobs.max_checkpoint_id() + 1
+            for sink in _sinks_of(graph):
+                sink.setup(job_name)
+            client = JobClient(job_name, settings.job_id, graph, settings, lock)
+        except BaseException:
+            release_run_lock(lock)
+            raise
         client._guarantees = self.guarantees()
         return client
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["JobFailedError", "OperatorError", "JobCancelledError"]
+__all__ = ["JobFailedError", "OperatorError", "JobCancelledError", "ConcurrentRunError"]
 
 
 class OperatorError(RuntimeError):
@@ -32,3 +32,7 @@ class JobFailedError(RuntimeError):
 
 class JobCancelledError(JobFailedError):
     """The job was cancelled through its JobClient."""
+
+
+class ConcurrentRunError(RuntimeError):
+    """A run of the same job name is already running on this Ray cluster."""

@@ -49,6 +49,7 @@ ALL_RANDOM_POINTS = [
     FaultPoint.DURING_BLOB_WRITE,
     FaultPoint.DURING_RESTART_DELAY,
     FaultPoint.FINAL_NOTIFY,
+    FaultPoint.DURING_COMMIT_POINT,
 ]
 
 
@@ -104,6 +105,8 @@ def _default_action(point: FaultPoint) -> tuple[str, float]:
         return "sleep", 2.0
     if point is FaultPoint.FINAL_NOTIFY:
         return "drop", 0.0
+    if point is FaultPoint.DURING_COMMIT_POINT:
+        return "sigkill", 1.0  # a subtask dies while the commit point is being written
     return "sigkill", 0.0
 
 
@@ -219,7 +222,11 @@ class MasterFaults(MasterHooks):
         for fault in list(self.faults):
             if fault.point is not point:
                 continue
-            bound = point in (FaultPoint.BEFORE_NOTIFY, FaultPoint.JOB_MASTER_BEFORE_NOTIFY)
+            bound = point in (
+                FaultPoint.BEFORE_NOTIFY,
+                FaultPoint.JOB_MASTER_BEFORE_NOTIFY,
+                FaultPoint.DURING_COMMIT_POINT,
+            )
             if bound and fault.checkpoint != checkpoint:
                 continue
             targets = [
@@ -240,6 +247,8 @@ class MasterFaults(MasterHooks):
                 proceed = False
             else:
                 ray.kill(targets[0], no_restart=True)
+            if point is FaultPoint.DURING_COMMIT_POINT and fault.seconds:
+                time.sleep(fault.seconds)  # the commit point outlives the subtask's death
         return proceed
 
 

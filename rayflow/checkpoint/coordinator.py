@@ -178,9 +178,12 @@ class CheckpointCoordinator:
         for task in (self._loop_task, self._timeout_task, self._renotify_task):
             if task is not None:
                 task.cancel()
-        if self._completing is not None and not self._completing.done():
-            # A commit point being written decides what the next attempt restores from.
-            await asyncio.wait([self._completing], timeout=60)
+        while self._completing is not None and not self._completing.done():
+            # A commit point being written decides what the next attempt restores from and
+            # what a cancel commits: its outcome must be known, however long it takes.
+            done, _ = await asyncio.wait([self._completing], timeout=30)
+            if not done:
+                log.warning("checkpoint of %r: still writing its commit point", self.job_name)
         if self.pending is not None:
             self._record(
                 self.pending,
@@ -293,8 +296,14 @@ class CheckpointCoordinator:
             self._timeout_task.cancel()
         completed_at = time.time()
         metadata = self._metadata(pending, completed_at)
+        n, named = self._checkpoints_this_attempt + 1, self._named_tasks()
+
+        def write() -> None:
+            self.hooks.at(HookPoint.DURING_COMMIT_POINT, n, named)
+            self.storage.commit_metadata(cid, metadata)
+
         try:
-            await asyncio.to_thread(self.storage.commit_metadata, cid, metadata)
+            await asyncio.to_thread(write)
         except Exception as exc:  # noqa: BLE001
             await self._abort(
                 pending,
@@ -340,8 +349,10 @@ class CheckpointCoordinator:
     async def _renotify_final(self, cid: int) -> None:
         """Notifications are best effort: a subtask that missed the final one would wait
         for it forever, so it is sent again until every subtask has ended."""
+        pause = 0.5
         while len(self._ended) < len(self.tasks):
-            await asyncio.sleep(0.5)
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 10.0)  # a subtask busy with its final commit: no pile-up
             for key, actor in self.tasks.items():
                 if key not in self._ended:
                     actor.notify_checkpoint_complete.remote(self.attempt, cid)

@@ -323,6 +323,18 @@ class JobStorage(_Files):
     def location(self) -> str:
         return self.base
 
+    def prune_runs(self, keep: int, current: str) -> list[str]:
+        """Delete the oldest run directories so that ``keep`` remain besides ``current``;
+        returns the run ids deleted."""
+        runs = [r for r in self.runs() if r.run_id and r.run_id != current]
+        doomed = runs[: max(0, len(runs) - keep)]
+        for run in doomed:
+            try:
+                self.fs.delete_dir(run.location())
+            except (FileNotFoundError, OSError):
+                pass
+        return [r.run_id for r in doomed]
+
     def max_checkpoint_id(self) -> int:
         """The highest checkpoint id any run of this job reserved or wrote."""
         best = 0

@@ -31,6 +31,7 @@ class HookPoint(str, enum.Enum):
     JOB_MASTER_BEFORE_FIRST_CHECKPOINT = "job-master-before-first-checkpoint"
     DURING_RESTART_DELAY = "during-restart-delay"  # a subtask kept for reuse dies
     FINAL_NOTIFY = "final-notify"  # the final checkpoint's notification is lost
+    DURING_COMMIT_POINT = "during-commit-point"  # in the thread writing a checkpoint's metadata
 
     def __str__(self) -> str:
         return self.value
@@ -47,6 +48,7 @@ _MASTER_POINTS = frozenset(
         HookPoint.JOB_MASTER_BEFORE_FIRST_CHECKPOINT,
         HookPoint.DURING_RESTART_DELAY,
         HookPoint.FINAL_NOTIFY,
+        HookPoint.DURING_COMMIT_POINT,
     }
 )
 

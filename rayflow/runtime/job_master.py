@@ -47,6 +47,7 @@ from rayflow.runtime.hooks import HookPoint, RuntimeHooks
 from rayflow.runtime.restore import assign_source_splits, state_handles
 from rayflow.runtime.subtask import OutputDeployment, SubtaskActor, SubtaskDeployment
 from rayflow.runtime.supervisor import RestartSupervisor, SupervisorState
+from rayflow.sink import TwoPhaseCommittingSink
 from rayflow.status import FailureKind, JobState
 
 log = logging.getLogger("rayflow.job")
@@ -72,6 +73,9 @@ class JobSettings:
     first_checkpoint_id: int = 1
     #: the supervisor's state a (new) job master starts from
     supervisor: SupervisorState | None = None
+    #: a job master taking over a cancel: it only cleans up (commits what completed
+    #: checkpoints hold, aborts every other transaction)
+    cancel_requested: bool = False
 
     @property
     def checkpointing(self) -> bool:
@@ -126,9 +130,13 @@ def _rss_bytes() -> int | None:
         return None
 
 
-async def kill_and_wait(actors: Any, timeout_s: float = 15.0) -> None:
-    """Kill actors and return once each is dead (or ``timeout_s`` passed): after this no
-    thread of theirs writes anything."""
+class ActorsStillAlive(RuntimeError):
+    """Killed actors did not die in time: the next attempt must not start beside them."""
+
+
+async def kill_and_wait(actors: Any, timeout_s: float = 30.0) -> None:
+    """Kill actors and return once each is dead: after this no thread of theirs writes
+    anything. Raises :class:`ActorsStillAlive` when one still answers after ``timeout_s``."""
     actors = list(actors)
     for actor in actors:
         try:
@@ -136,19 +144,22 @@ async def kill_and_wait(actors: Any, timeout_s: float = 15.0) -> None:
         except Exception:  # noqa: BLE001 - already gone
             pass
 
-    async def dead(actor: Any) -> None:
+    async def dead(actor: Any) -> bool:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             try:
                 await asyncio.wait_for(actor.ready.remote(), timeout=1.0)
             except RayActorError:
-                return
+                return True
             except Exception:  # noqa: BLE001 - still going away
                 pass
             await asyncio.sleep(0.05)
+        return False
 
     if actors:
-        await asyncio.gather(*(dead(a) for a in actors))
+        alive = [a for a, gone in zip(actors, await asyncio.gather(*map(dead, actors))) if not gone]
+        if alive:
+            raise ActorsStillAlive(f"{len(alive)} killed subtask actor(s) still answer")
 
 
 @ray.remote(max_restarts=0, max_task_retries=0)
@@ -174,6 +185,8 @@ class JobMaster:
         self.restored_from: int | None = None
         self._looked_up_storage = False
         self._cancelled = asyncio.Event()
+        if settings.cancel_requested:
+            self._cancelled.set()
         self._attempt_failure: asyncio.Future | None = None
         self._exhausted: set[tuple[int, int]] = set()
         self._recovery_started: float | None = None
@@ -183,6 +196,9 @@ class JobMaster:
         self.recovery_times: list[float] = []
 
     # --- queries ------------------------------------------------------------------------
+
+    async def ready(self) -> bool:
+        return True
 
     async def status(self) -> dict[str, Any]:
         s = self.supervisor.state
@@ -309,7 +325,8 @@ class JobMaster:
                     await self._kill_everything()
                 delay = supervisor.on_failure(cause, kind, failed_at)
                 if delay is None:
-                    await self._kill_everything()
+                    await self._persist_quietly()
+                    await self._clean_up_outside_world()
                     supervisor.move_to(JobState.FAILED)
                     await self._persist_quietly()
                     raise JobFailedError(supervisor.failure_message(name)) from None
@@ -334,29 +351,97 @@ class JobMaster:
             pass
 
     async def _finish_cancel(self) -> None:
-        """Cancel: commit what completed checkpoints hold, abort every other transaction,
-        close every operator, and only then let the actors go."""
+        """Cancel: stop the attempt, then clean up the outside world, and only then say
+        CANCELED. The cancel is recorded first: a job master that takes over after this
+        one died finishes the cancel instead of resuming the job."""
         self.supervisor.cancel()
-        latest = self._latest_completed_id()
+        await self._persist_quietly()
         coordinator, self.coordinator = self.coordinator, None
         if coordinator is not None:
             await coordinator.shutdown()
             if coordinator.latest is not None:
-                latest = coordinator.latest.checkpoint_id
-        actors = {**self._spare, **self.actors}
+                self.latest = coordinator.latest
         refs = list(self._run_refs.values())
-        self._spare, self.actors, self._run_refs = {}, {}, {}
+        self._run_refs = {}
         for ref in refs:
             ray.cancel(ref)
         if refs:
             await asyncio.wait([asyncio.ensure_future(self._settle(r)) for r in refs], timeout=30)
-        if actors:
-            calls = [a.close_for_cancel.remote(self.attempt, latest) for a in actors.values()]
-            await asyncio.wait([asyncio.ensure_future(self._settle(c)) for c in calls], timeout=60)
-        await kill_and_wait(actors.values())
+        await self._clean_up_outside_world()
         self.supervisor.move_to(JobState.CANCELED)
         await self._persist_quietly()
         raise JobCancelledError(f"job {self.settings.job_name!r} was cancelled")
+
+    async def _clean_up_outside_world(self) -> None:
+        """The run is over (cancelled, or failed for good): commit what completed checkpoints
+        hold, abort every other transaction, close every operator, and let every actor go.
+
+        Live subtasks do it themselves. For sink subtasks that could not (dead, never
+        started, of another attempt), fresh actors restore the latest completed checkpoint
+        and recover from it (commit its committables, abort lingering transactions)."""
+        actors = {**self._spare, **self.actors}
+        self._spare, self.actors = {}, {}
+        latest = None
+        if self.settings.checkpointing:
+            try:
+                restore = await self._restore_point()
+                latest = restore.checkpoint_id if restore is not None else None
+            except Exception as exc:  # noqa: BLE001 - then nothing can be committed safely
+                log.warning(
+                    "job %r: no restore point for clean-up: %s", self.settings.job_name, exc
+                )
+                await kill_and_wait(actors.values())
+                return
+        cleaned: set[tuple[int, int]] = set()
+        calls = {key: a.close_for_cancel.remote(self.attempt, latest) for key, a in actors.items()}
+        for key, ref in calls.items():
+            try:
+                if await asyncio.wait_for(ref, timeout=120):
+                    cleaned.add(key)
+            except Exception as exc:  # noqa: BLE001 - cleaned up below from the checkpoint
+                log.info(
+                    "job %r: subtask %s did not clean up: %s", self.settings.job_name, key, exc
+                )
+        await kill_and_wait(actors.values())
+        missing = [k for k in self._two_phase_sink_subtasks() if k not in cleaned]
+        if missing and self.settings.checkpointing:
+            await self._clean_up_from_checkpoint(missing, latest)
+
+    def _two_phase_sink_subtasks(self) -> list[tuple[int, int]]:
+        return [
+            (vertex.vertex_id, index)
+            for vertex in self.graph.vertices.values()
+            if any(isinstance(s, TwoPhaseCommittingSink) for s in vertex.sinks)
+            for index in range(vertex.parallelism)
+        ]
+
+    async def _clean_up_from_checkpoint(
+        self, keys: list[tuple[int, int]], latest: int | None
+    ) -> None:
+        attempt = self.supervisor.reserve_attempt()
+        self.attempt = attempt
+        await self._persist_quietly()
+        restore = self.latest if latest is not None else None
+        actors: dict[tuple[int, int], Any] = {}
+        try:
+            for key in keys:
+                vertex = self.graph.vertices[key[0]]
+                deployment = self._deployment(vertex, key[1], attempt, restore, outputs=[])
+                actors[key] = self._new_actor(key, deployment)
+            results = await asyncio.gather(
+                *(a.clean_up.remote(attempt, latest) for a in actors.values()),
+                return_exceptions=True,
+            )
+            failed = [k for k, r in zip(actors, results) if r is not True]
+            if failed:
+                log.warning(
+                    "job %r: clean-up of sink subtasks %s failed: %s",
+                    self.settings.job_name,
+                    failed,
+                    [r for r in results if r is not True],
+                )
+        finally:
+            await kill_and_wait(actors.values())
 
     def _latest_completed_id(self) -> int | None:
         if self.coordinator is not None and self.coordinator.latest is not None:
@@ -525,9 +610,10 @@ class JobMaster:
         """
         coordinator, self.coordinator = self.coordinator, None
         if coordinator is not None:
+            # after shutdown: a commit point being written decides the restore point
+            await coordinator.shutdown()
             if coordinator.latest is not None:
                 self.latest = coordinator.latest
-            await coordinator.shutdown()
         actors, refs = self.actors, self._run_refs
         self.actors, self._run_refs = {}, {}
         if not reuse:
@@ -556,7 +642,10 @@ class JobMaster:
     async def _kill_everything(self) -> None:
         actors = [*self.actors.values(), *self._spare.values()]
         self.actors, self._spare, self._run_refs = {}, {}, {}
-        await kill_and_wait(actors)
+        try:
+            await kill_and_wait(actors)
+        except ActorsStillAlive as exc:  # their messages are dropped by attempt number
+            log.error("job %r: %s", self.settings.job_name, exc)
 
     @staticmethod
     def _kill(actors: Any) -> None:
@@ -586,69 +675,29 @@ class JobMaster:
         self, attempt: int, restore: CompletedCheckpoint | None, tries: int = 2
     ) -> None:
         """Create or redeploy every subtask. A kept actor that died meanwhile, or that
-        refuses the redeploy, is replaced by a new one."""
-        graph, settings = self.graph, self.settings
-        me = ray.get_runtime_context().current_actor
-        hooks = settings.hooks
+        refuses the redeploy, is replaced by a new one. Whatever this call created is
+        killed again if it fails part way (nothing leaks across attempts)."""
+        graph = self.graph
         actors: dict[tuple[int, int], Any] = {}
-        deployments: dict[tuple[int, int], SubtaskDeployment] = {}
         redeploys: dict[tuple[int, int], Any] = {}
-        for vertex_id in reversed(graph.topological_order()):
-            vertex = graph.vertices[vertex_id]
-            meta = restore.metadata if restore else None
-            splits = assign_source_splits(vertex, meta) if vertex.is_source else None
-            handles = state_handles(vertex, meta, restore.refs if restore else None)
-            for index in range(vertex.parallelism):
-                outputs = []
-                for edge_id in vertex.out_edges:
-                    edge = graph.edges[edge_id]
-                    target = graph.vertices[edge.target_vertex]
-                    if edge.partitioner.kind is PartitionKind.FORWARD:
-                        receivers = [index]
-                    else:
-                        receivers = list(range(target.parallelism))
-                    outputs.append(
-                        OutputDeployment(
-                            partitioner=edge.partitioner,
-                            receivers=[
-                                (
-                                    actors[(target.vertex_id, r)],
-                                    graph.channel_index(edge_id, index, r),
-                                )
-                                for r in receivers
-                            ],
-                            # keys are routed by the receiving operator's key groups
-                            max_parallelism=target.max_parallelism,
-                        )
+        try:
+            for vertex_id in reversed(graph.topological_order()):
+                vertex = graph.vertices[vertex_id]
+                for index in range(vertex.parallelism):
+                    key = (vertex_id, index)
+                    deployment = self._deployment(
+                        vertex, index, attempt, restore, self._outputs(vertex, index, actors)
                     )
-                key = (vertex_id, index)
-                deployment = SubtaskDeployment(
-                    job_name=settings.job_name,
-                    vertex=vertex,
-                    index=index,
-                    attempt=attempt,
-                    num_input_channels=len(graph.input_channels(vertex_id, index)),
-                    outputs=outputs,
-                    source_splits=splits[index] if splits else [],
-                    channel_capacity=settings.channel_capacity,
-                    send_window=settings.send_window,
-                    checkpointing=(
-                        settings.checkpoint_config.mode if settings.checkpointing else None
-                    ),
-                    storage=self.storage,
-                    master=me,
-                    restore=handles,
-                    restored_checkpoint=restore.checkpoint_id if restore else None,
-                    hooks=hooks.for_subtask(vertex.name, index, attempt) if hooks else None,
-                    run_id=settings.run_id,
-                )
-                deployments[key] = deployment
-                spare = self._spare.pop(key, None)
-                if spare is not None:
-                    actors[key] = spare
-                    redeploys[key] = spare.redeploy.remote(deployment)
-                    continue
-                actors[key] = self._new_actor(key, deployment)
+                    spare = self._spare.pop(key, None)
+                    if spare is not None:
+                        actors[key] = spare
+                        redeploys[key] = spare.redeploy.remote(deployment)
+                    else:
+                        actors[key] = self._new_actor(key, deployment)
+        except BaseException:
+            await kill_and_wait([*actors.values(), *self._spare.values()])
+            self._spare = {}
+            raise
         leftover = list(self._spare.values())
         self._spare = {}
         self.actors = actors
@@ -664,12 +713,69 @@ class JobMaster:
         if failed:
             # A kept actor is gone or not clean. Senders were built with its handle, so
             # every subtask is deployed again (nothing ran yet), with fresh actors for those.
-            if tries <= 0:
-                raise RuntimeError(f"subtasks {sorted(failed)} could not be deployed")
             log.info("job %r: replacing kept subtasks %s", self.settings.job_name, failed)
             await kill_and_wait([self.actors.pop(key) for key in failed])
             self._spare, self.actors = dict(self.actors), {}
+            if tries <= 0:
+                raise RuntimeError(f"subtasks {sorted(failed)} could not be deployed")
             await self._deploy(attempt, restore, tries - 1)
+
+    def _outputs(
+        self, vertex: Any, index: int, actors: dict[tuple[int, int], Any]
+    ) -> list[OutputDeployment]:
+        """One out-edge of a subtask each: its partitioner and its receivers' handles
+        (receivers are deployed first)."""
+        graph = self.graph
+        outputs = []
+        for edge_id in vertex.out_edges:
+            edge = graph.edges[edge_id]
+            target = graph.vertices[edge.target_vertex]
+            if edge.partitioner.kind is PartitionKind.FORWARD:
+                receivers = [index]
+            else:
+                receivers = list(range(target.parallelism))
+            outputs.append(
+                OutputDeployment(
+                    partitioner=edge.partitioner,
+                    receivers=[
+                        (actors[(target.vertex_id, r)], graph.channel_index(edge_id, index, r))
+                        for r in receivers
+                    ],
+                    # keys are routed by the receiving operator's key groups
+                    max_parallelism=target.max_parallelism,
+                )
+            )
+        return outputs
+
+    def _deployment(
+        self,
+        vertex: Any,
+        index: int,
+        attempt: int,
+        restore: CompletedCheckpoint | None,
+        outputs: list[OutputDeployment],
+    ) -> SubtaskDeployment:
+        settings, hooks = self.settings, self.settings.hooks
+        meta = restore.metadata if restore else None
+        splits = assign_source_splits(vertex, meta) if vertex.is_source else None
+        return SubtaskDeployment(
+            job_name=settings.job_name,
+            vertex=vertex,
+            index=index,
+            attempt=attempt,
+            num_input_channels=len(self.graph.input_channels(vertex.vertex_id, index)),
+            outputs=outputs,
+            source_splits=splits[index] if splits else [],
+            channel_capacity=settings.channel_capacity,
+            send_window=settings.send_window,
+            checkpointing=settings.checkpoint_config.mode if settings.checkpointing else None,
+            storage=self.storage,
+            master=ray.get_runtime_context().current_actor,
+            restore=state_handles(vertex, meta, restore.refs if restore else None),
+            restored_checkpoint=restore.checkpoint_id if restore else None,
+            hooks=hooks.for_subtask(vertex.name, index, attempt) if hooks else None,
+            run_id=settings.run_id,
+        )
 
     def _new_actor(self, key: tuple[int, int], deployment: SubtaskDeployment) -> Any:
         self._incarnations += 1

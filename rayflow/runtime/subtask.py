@@ -152,6 +152,7 @@ class SubtaskActor:
         self._current_operator = vertex.name
         self._final_checkpoint: int | None = None
         self._finished = False
+        self._opened = False
         self._blobs: dict[int, bytes] = {}
         self._async_parts: set[asyncio.Task] = set()
         self._source_reader = None
@@ -263,17 +264,42 @@ class SubtaskActor:
         return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, loop))
 
     @ray.method(concurrency_group=CONTROL_GROUP)
-    async def close_for_cancel(self, attempt: int, latest_completed: int | None) -> None:
-        """The job is cancelled (``run()`` has ended): commit what completed checkpoints
-        hold, abort every other transaction, close every operator."""
-        if attempt != self.attempt:
-            return
+    async def close_for_cancel(self, attempt: int, latest_completed: int | None) -> bool:
+        """The run is over (``run()`` has ended): commit what completed checkpoints hold,
+        abort every other transaction, close every operator. False when this subtask
+        cannot (another attempt's, or never opened): the job master then cleans up from
+        the checkpoint instead."""
+        if attempt != self.attempt or not self._opened:
+            return False
         self.fence.revoke()
         for spec, op in zip(self.d.vertex.operators, self.operators):
             on_cancel = getattr(op, "on_cancel", None)
             if on_cancel is not None:
                 self._current_operator = spec.name
                 await self._on_mailbox_loop(self._in_thread(on_cancel, latest_completed))
+        return True
+
+    async def clean_up(self, attempt: int, latest_completed: int | None) -> bool:
+        """A clean-up subtask (no input, no output): restore the latest completed
+        checkpoint, recover from it (commit its committables, abort this subtask's
+        lingering transactions), close."""
+        if attempt != self.attempt:
+            return False
+        self._loop = asyncio.get_running_loop()
+        try:
+            self._open()
+            await self._restore()
+            for op in self.operators:
+                on_cancel = getattr(op, "on_cancel", None)
+                if on_cancel is not None:
+                    await self._in_thread(on_cancel, latest_completed)
+        finally:
+            for op in self.operators:
+                try:
+                    op.close()
+                except Exception:  # noqa: BLE001 - closing must not hide the first error
+                    pass
+        return True
 
     async def _in_thread(self, fn: Any, *args: Any) -> Any:
         """Run ``fn`` in a worker thread, counted until the thread itself ends (a cancelled
@@ -338,6 +364,7 @@ class SubtaskActor:
         )
 
     def _open(self) -> None:
+        self._opened = True
         vertex = self.d.vertex
         for spec, op in zip(vertex.operators, self.operators):
             self._current_operator = spec.name

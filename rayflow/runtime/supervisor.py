@@ -86,6 +86,12 @@ class RestartSupervisor:
         self.state.attempt += 1
         return self.state.attempt
 
+    def reserve_attempt(self) -> int:
+        """An attempt number for work that is no regular attempt (a clean-up after the
+        run ended), so that its messages are told apart from every attempt's."""
+        self.state.attempt += 1
+        return self.state.attempt
+
     def start_master(self) -> int:
         """A job master (re)starts for this run; returns its generation."""
         self.state.master_generation += 1

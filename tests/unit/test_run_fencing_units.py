@@ -849,6 +849,7 @@ def test_hook_points_in_the_job_master():
         HookPoint.JOB_MASTER_BEFORE_FIRST_CHECKPOINT,
         HookPoint.DURING_RESTART_DELAY,
         HookPoint.FINAL_NOTIFY,
+        HookPoint.DURING_COMMIT_POINT,
     }
 
 

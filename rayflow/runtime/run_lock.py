@@ -1,0 +1,71 @@
+"""One live run per job name on a Ray cluster.
+
+Two runs of one job name at once would share what their sinks name after the job
+(part files, upload keys, transaction prefixes) and abort each other's transactions as
+lingering. So a run holds a lock for its job name: a small named actor in the
+``rayflow`` namespace, owned by the driver (it goes when the driver goes). A second
+run of the same name fails fast, naming the run that holds it.
+"""
+
+from __future__ import annotations
+
+import time
+
+import ray
+from ray.exceptions import RayActorError
+
+from rayflow.errors import ConcurrentRunError
+
+__all__ = ["ConcurrentRunError", "acquire_run_lock", "release_run_lock"]
+
+NAMESPACE = "rayflow"
+
+
+@ray.remote(num_cpus=0, max_restarts=0)
+class _RunLock:
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+
+    def holder(self) -> str:
+        return self.run_id
+
+
+def _lock_name(job_name: str) -> str:
+    return f"rayflow-run:{job_name}"
+
+
+def acquire_run_lock(job_name: str, run_id: str):
+    """Take the job name's lock for ``run_id``; raises :class:`ConcurrentRunError`."""
+    name = _lock_name(job_name)
+    for _ in range(50):
+        try:
+            existing = ray.get_actor(name, namespace=NAMESPACE)
+        except ValueError:
+            existing = None
+        if existing is not None:
+            try:
+                holder = ray.get(existing.holder.remote(), timeout=10)
+            except RayActorError:
+                holder = None  # a dead holder: its name is released in a moment
+            if holder is not None:
+                raise ConcurrentRunError(
+                    f"job {job_name!r} is already running (run {holder}); two runs of one job "
+                    "name would write the same sink transactions. Wait for it, cancel it, or "
+                    "run this one under another name."
+                )
+        try:
+            lock = _RunLock.options(name=name, namespace=NAMESPACE).remote(run_id)
+            ray.get(lock.holder.remote())
+            return lock
+        except ValueError:
+            time.sleep(0.1)  # taken meanwhile, or a dead holder's name not yet released
+    raise ConcurrentRunError(f"job {job_name!r}: could not take its run lock")
+
+
+def release_run_lock(lock) -> None:
+    if lock is None:
+        return
+    try:
+        ray.kill(lock, no_restart=True)
+    except Exception:  # noqa: BLE001 - already gone
+        pass
