@@ -8,6 +8,7 @@ local Ray) and returns a :class:`JobResult`; ``execute_async`` returns a
 from __future__ import annotations
 
 import os
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -124,6 +125,8 @@ class JobClient:
         self._guarantees: dict[str, str] = {}
         self._state: JobState | None = None
         self._cancel_requested = False
+        self._takeover = threading.Lock()  # one job master takeover at a time
+        self._clean_up_masters = 0
         self._failure: str | None = None
         self._outcome: BaseException | None = None
         self._start_master()
@@ -159,17 +162,30 @@ class JobClient:
             return False  # it ended before it died: nothing to resume or clean up
         lost = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
         delay = 0.0
-        if self._cancel_requested or supervisor.job_state is JobState.CANCELLING:
-            supervisor.cancel()
+        if supervisor.job_state is JobState.FAILING:
+            self._failure = supervisor.failure_message(self.job_name)
+            supervisor.begin_clean_up()  # it failed for good: finish its clean-up, then fail
+        elif self._cancel_requested or supervisor.job_state is JobState.CANCELLING:
+            supervisor.begin_clean_up()
         else:
             found = supervisor.on_failure(f"job master lost: {lost}", FailureKind.JOB_MASTER_LOST)
             if found is None:
                 self._failure = supervisor.failure_message(self.job_name)
-                supervisor.state.state = JobState.CANCELLING  # clean up, then fail
+                supervisor.begin_clean_up()
             else:
                 delay = found
+        if supervisor.job_state is JobState.CANCELLING:
+            self._clean_up_masters += 1
+            if self._clean_up_masters > MAX_CLEAN_UP_MASTERS:
+                self._failure = (
+                    f"job {self.job_name!r}: its job master was lost {MAX_CLEAN_UP_MASTERS} times "
+                    "while cleaning up; transactions may linger until the next run recovers them"
+                )
+                return False
         _kill_job_actors(self.job_id)
         time.sleep(delay)
+        if self._cancel_requested and supervisor.job_state is not JobState.CANCELLING:
+            supervisor.begin_clean_up()  # cancelled while waiting to restart
         settings.supervisor = supervisor.snapshot()
         settings.cancel_requested = supervisor.job_state is JobState.CANCELLING
         _retry(
@@ -215,7 +231,10 @@ class JobClient:
         try:
             self.wait(timeout)
         except ray.exceptions.GetTimeoutError:
-            return
+            raise TimeoutError(
+                f"job {self.job_name!r} is still cancelling after {timeout:g} s; "
+                "wait() returns when it is done"
+            ) from None
         except Exception as exc:  # noqa: BLE001 - what wait() raises from now on
             self._outcome = exc
 
@@ -228,13 +247,25 @@ class JobClient:
         deadline = None if timeout is None else time.time() + timeout
         while True:
             remaining = None if deadline is None else max(0.0, deadline - time.time())
+            ref = self._run_ref
             try:
-                raw = ray.get(self._run_ref, timeout=remaining)
+                raw = ray.get(ref, timeout=remaining)
                 break
             except ray.exceptions.GetTimeoutError:
                 raise
+            except ray.exceptions.ActorUnavailableError:
+                time.sleep(1.0)  # unreachable for now (a network blip): not known to be dead
             except ray.exceptions.RayActorError as exc:
-                if not self._restart_master(exc):
+                with self._takeover:
+                    if self._run_ref is not ref:
+                        continue  # another thread took over already
+                    try:
+                        restarted = self._restart_master(exc)
+                    except BaseException:
+                        self._release()
+                        self._state = JobState.FAILED
+                        raise
+                if not restarted:
                     self._release()
                     self._state = JobState.FAILED
                     raise JobFailedError(
@@ -273,6 +304,10 @@ def settings_generation(settings: JobSettings) -> int:
     return settings.supervisor.master_generation if settings.supervisor else 0
 
 
+#: job masters started only to finish a cancel or a final failure's clean-up, at most
+MAX_CLEAN_UP_MASTERS = 3
+
+
 def _retry(call: Any, what: str, tries: int = 4) -> Any:
     """``call()``, retried with backoff on errors (storage may fail for a moment)."""
     delay = 0.2
@@ -304,6 +339,8 @@ def _kill_job_actors(job_id: str, timeout_s: float = 30.0) -> None:
         while True:
             try:
                 ray.get(handle.ready.remote(), timeout=1.0)
+            except ray.exceptions.ActorUnavailableError:
+                pass  # unreachable for now, maybe alive: not dead
             except ray.exceptions.RayActorError:
                 break
             except Exception:  # noqa: BLE001 - not answering yet
@@ -575,7 +612,8 @@ class StreamExecutionEnvironment:
                 settings.initial_restore = self._load_restore(job_name, restore_from)
             if config.is_checkpointing_enabled():
                 jobs = JobStorage(config.checkpoint_storage, job_name, config.storage_options)
-                jobs.prune_runs(config.num_retained_runs - 1, settings.run_id)
+                source = settings.initial_restore.run_id if settings.initial_restore else None
+                jobs.prune_runs(config.num_retained_runs - 1, {settings.run_id, source})
                 settings.first_checkpoint_id = jobs.max_checkpoint_id() + 1
             for sink in _sinks_of(graph):
                 sink.setup(job_name)

@@ -50,6 +50,7 @@ ALL_RANDOM_POINTS = [
     FaultPoint.DURING_RESTART_DELAY,
     FaultPoint.FINAL_NOTIFY,
     FaultPoint.DURING_COMMIT_POINT,
+    FaultPoint.DURING_STATE_LOAD,
 ]
 
 
@@ -102,6 +103,8 @@ class Fault:
 
 def _default_action(point: FaultPoint) -> tuple[str, float]:
     if point in (FaultPoint.DURING_RECOVER, FaultPoint.DURING_BLOB_WRITE):
+        return "sleep", 2.0
+    if point is FaultPoint.DURING_STATE_LOAD:
         return "sleep", 2.0
     if point is FaultPoint.FINAL_NOTIFY:
         return "drop", 0.0
@@ -205,7 +208,8 @@ class SubtaskFaults(SubtaskHooks):
             return
         seen = self._checkpoints_seen[point] = self._checkpoints_seen.get(point, 0) + 1
         for f in self.faults:
-            if f.point is point and (f.checkpoint == seen or point is FaultPoint.DURING_RECOVER):
+            once = point in (FaultPoint.DURING_RECOVER, FaultPoint.DURING_STATE_LOAD)
+            if f.point is point and (f.checkpoint == seen or once):
                 f.fire()
 
 

@@ -323,10 +323,13 @@ class JobStorage(_Files):
     def location(self) -> str:
         return self.base
 
-    def prune_runs(self, keep: int, current: str) -> list[str]:
-        """Delete the oldest run directories so that ``keep`` remain besides ``current``;
-        returns the run ids deleted."""
-        runs = [r for r in self.runs() if r.run_id and r.run_id != current]
+    def prune_runs(self, keep: int, protected: set[str | None]) -> list[str]:
+        """Delete the oldest run directories so that ``keep`` remain besides the
+        ``protected`` ones (the starting run, the one it restores from) and the run
+        holding the job's newest completed checkpoint; returns the run ids deleted."""
+        newest = self.latest()
+        protected = set(protected) | ({newest[0].run_id} if newest else set())
+        runs = [r for r in self.runs() if r.run_id and r.run_id not in protected]
         doomed = runs[: max(0, len(runs) - keep)]
         for run in doomed:
             try:

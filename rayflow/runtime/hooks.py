@@ -21,6 +21,7 @@ class HookPoint(str, enum.Enum):
     AFTER_SNAPSHOT = "after-snapshot"
     DURING_BLOB_WRITE = "during-blob-write"  # in the blob-writing thread, before the write
     DURING_RECOVER = "during-recover"  # in the recover thread, before lingering aborts
+    DURING_STATE_LOAD = "during-state-load"  # in a thread, before a restore reads its blobs
     SINK_BEFORE_PRE_COMMIT = "sink-before-pre-commit"
     SINK_AFTER_PRE_COMMIT = "sink-after-pre-commit"
     SINK_DURING_COMMIT = "sink-during-commit"

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import ray
-from ray.exceptions import RayActorError, RayTaskError
+from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
 
 from rayflow.checkpoint.coordinator import (
     CheckpointCoordinator,
@@ -45,6 +45,7 @@ from rayflow.plan.partitioners import PartitionKind
 from rayflow.plan.physical import JobGraph
 from rayflow.runtime.hooks import HookPoint, RuntimeHooks
 from rayflow.runtime.restore import assign_source_splits, state_handles
+from rayflow.runtime.run_lock import release_run_lock_of
 from rayflow.runtime.subtask import OutputDeployment, SubtaskActor, SubtaskDeployment
 from rayflow.runtime.supervisor import RestartSupervisor, SupervisorState
 from rayflow.sink import TwoPhaseCommittingSink
@@ -149,6 +150,8 @@ async def kill_and_wait(actors: Any, timeout_s: float = 30.0) -> None:
         while time.monotonic() < deadline:
             try:
                 await asyncio.wait_for(actor.ready.remote(), timeout=1.0)
+            except ActorUnavailableError:
+                pass  # unreachable for now, maybe alive: not dead
             except RayActorError:
                 return True
             except Exception:  # noqa: BLE001 - still going away
@@ -194,6 +197,7 @@ class JobMaster:
         self._spare: dict[tuple[int, int], Any] = {}
         self._incarnations = 0
         self.recovery_times: list[float] = []
+        self.clean_up_failure: str | None = None
 
     # --- queries ------------------------------------------------------------------------
 
@@ -271,6 +275,10 @@ class JobMaster:
             outputs = await self._run_with_restarts()
         finally:
             self.finished_at = time.time()
+            if self.supervisor.job_state.is_terminal:
+                # the run is over and cleaned up: the job name is free again, whether or
+                # not its client ever waits for the outcome
+                release_run_lock_of(self.settings.job_name, self.settings.run_id)
         return {
             "outputs": outputs,
             "started_at": self.started_at,
@@ -329,7 +337,8 @@ class JobMaster:
                     await self._clean_up_outside_world()
                     supervisor.move_to(JobState.FAILED)
                     await self._persist_quietly()
-                    raise JobFailedError(supervisor.failure_message(name)) from None
+                    note = f" ({self.clean_up_failure})" if self.clean_up_failure else ""
+                    raise JobFailedError(supervisor.failure_message(name) + note) from None
                 await self._persist_quietly()
                 self._recovery_started = failed_at
                 await self._restart_delay(delay)
@@ -370,7 +379,8 @@ class JobMaster:
         await self._clean_up_outside_world()
         self.supervisor.move_to(JobState.CANCELED)
         await self._persist_quietly()
-        raise JobCancelledError(f"job {self.settings.job_name!r} was cancelled")
+        note = f" ({self.clean_up_failure})" if self.clean_up_failure else ""
+        raise JobCancelledError(f"job {self.settings.job_name!r} was cancelled{note}")
 
     async def _clean_up_outside_world(self) -> None:
         """The run is over (cancelled, or failed for good): commit what completed checkpoints
@@ -417,7 +427,8 @@ class JobMaster:
 
     async def _clean_up_from_checkpoint(
         self, keys: list[tuple[int, int]], latest: int | None
-    ) -> None:
+    ) -> list[tuple[int, int]]:
+        """Returns the subtasks whose clean-up failed."""
         attempt = self.supervisor.reserve_attempt()
         self.attempt = attempt
         await self._persist_quietly()
@@ -429,7 +440,10 @@ class JobMaster:
                 deployment = self._deployment(vertex, key[1], attempt, restore, outputs=[])
                 actors[key] = self._new_actor(key, deployment)
             results = await asyncio.gather(
-                *(a.clean_up.remote(attempt, latest) for a in actors.values()),
+                *(
+                    asyncio.wait_for(a.clean_up.remote(attempt, latest), 300)
+                    for a in actors.values()
+                ),
                 return_exceptions=True,
             )
             failed = [k for k, r in zip(actors, results) if r is not True]
@@ -440,8 +454,12 @@ class JobMaster:
                     failed,
                     [r for r in results if r is not True],
                 )
+        except Exception as exc:  # noqa: BLE001 - reported by the caller
+            log.warning("job %r: clean-up failed: %s", self.settings.job_name, exc)
+            failed = list(keys)
         finally:
             await kill_and_wait(actors.values())
+        return failed
 
     def _latest_completed_id(self) -> int | None:
         if self.coordinator is not None and self.coordinator.latest is not None:

@@ -16,7 +16,7 @@ from ray.exceptions import RayActorError
 
 from rayflow.errors import ConcurrentRunError
 
-__all__ = ["ConcurrentRunError", "acquire_run_lock", "release_run_lock"]
+__all__ = ["ConcurrentRunError", "acquire_run_lock", "release_run_lock", "release_run_lock_of"]
 
 NAMESPACE = "rayflow"
 
@@ -68,4 +68,14 @@ def release_run_lock(lock) -> None:
     try:
         ray.kill(lock, no_restart=True)
     except Exception:  # noqa: BLE001 - already gone
+        pass
+
+
+def release_run_lock_of(job_name: str, run_id: str) -> None:
+    """Release the job name's lock if ``run_id`` holds it (from anywhere in the cluster)."""
+    try:
+        lock = ray.get_actor(_lock_name(job_name), namespace=NAMESPACE)
+        if ray.get(lock.holder.remote(), timeout=10) == run_id:
+            release_run_lock(lock)
+    except Exception:  # noqa: BLE001 - no lock, or already going
         pass

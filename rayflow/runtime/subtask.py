@@ -153,6 +153,7 @@ class SubtaskActor:
         self._final_checkpoint: int | None = None
         self._finished = False
         self._opened = False
+        self._state_loaded = False
         self._blobs: dict[int, bytes] = {}
         self._async_parts: set[asyncio.Task] = set()
         self._source_reader = None
@@ -267,9 +268,9 @@ class SubtaskActor:
     async def close_for_cancel(self, attempt: int, latest_completed: int | None) -> bool:
         """The run is over (``run()`` has ended): commit what completed checkpoints hold,
         abort every other transaction, close every operator. False when this subtask
-        cannot (another attempt's, or never opened): the job master then cleans up from
-        the checkpoint instead."""
-        if attempt != self.attempt or not self._opened:
+        cannot (another attempt's, or its state not restored yet): the job master then
+        cleans up from the checkpoint instead."""
+        if attempt != self.attempt or not self._state_loaded:
             return False
         self.fence.revoke()
         for spec, op in zip(self.d.vertex.operators, self.operators):
@@ -386,6 +387,7 @@ class SubtaskActor:
     async def _restore(self) -> None:
         if self.d.restore:
             await self._load_state()
+        self._state_loaded = True  # from here a clean-up knows what this subtask owes
         for spec, op in zip(self.d.vertex.operators, self.operators):
             recover = getattr(op, "recover", None)
             if recover is not None:
@@ -393,6 +395,8 @@ class SubtaskActor:
                 await self._in_thread(recover, self.d.restored_checkpoint)
 
     async def _load_state(self) -> None:
+        if self.hooks is not None:
+            await self._in_thread(self.hooks.at, HookPoint.DURING_STATE_LOAD)
         snapshots = []
         for handle in self.d.restore:
             blob = None

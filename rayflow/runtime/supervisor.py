@@ -127,6 +127,12 @@ class RestartSupervisor:
             f"(restart strategy: {s.strategy.description}); cause: {s.cause}"
         )
 
+    def begin_clean_up(self) -> None:
+        """The run is over (cancelled, or failed for good) but its transactions still need
+        their clean-up: CANCELLING, from any state that is not final."""
+        if not self.state.state.is_terminal:
+            self.state.state = JobState.CANCELLING
+
     def cancel(self) -> None:
         if not self.state.state.is_terminal and self.state.state is not JobState.CANCELLING:
             self.move_to(JobState.CANCELLING)

@@ -278,10 +278,14 @@ def test_a_job_graph_the_master_cannot_load_fails_at_once(tmp_path):
     env, _ = build_keyed_sum(1000, 1, 100, storage=str(tmp_path))
     thing = _Unloadable()
     env._plan.transformations[0].source.unloadable = thing  # travels with the job graph
-    client = env.execute_async(unique_job("unloadable"))
+    job = unique_job("unloadable")
+    client = env.execute_async(job)
     with pytest.raises(JobFailedError, match="could not start"):
         client.wait(timeout=60)
     assert _job_actors(client.job_id) == []
+    again = env.execute_async(job)  # the failed run released its job name
+    with pytest.raises(JobFailedError, match="could not start"):
+        again.wait(timeout=60)
 
 
 @pytest.mark.chaos
@@ -462,3 +466,103 @@ def test_a_job_that_fails_for_good_leaves_no_transaction_open(tmp_path):
         client.wait(timeout=120)
     assert in_progress(out) == []
     assert _job_actors(client.job_id) == []
+
+
+def test_a_finished_job_frees_its_name_even_if_nobody_waits_for_it(tmp_path):
+    job = unique_job("unwaited")
+    env, _ = build_keyed_sum(20_000, P, BATCH, rate=None, storage=str(tmp_path))
+    client = env.execute_async(job)
+    deadline = time.time() + 60
+    while client.get_job_status() != "FINISHED" and time.time() < deadline:
+        time.sleep(0.1)
+    env2, sink2 = build_keyed_sum(10_000, P, BATCH, rate=None, storage=str(tmp_path))
+    assert outcome(env2.execute(job), sink2).sums == expected_sums(10_000)
+    client.wait()
+
+
+def test_a_restore_from_an_older_run_survives_the_pruning_of_old_runs(tmp_path):
+    """Review schedule: with one retained run, starting a run pruned the very run it was
+    restoring from."""
+    job = unique_job("pruned")
+    env1, _ = build_keyed_sum(50_000, P, BATCH, rate=None, storage=str(tmp_path))
+    first = env1.execute(job)
+    env2, sink2 = build_keyed_sum(100_000, P, BATCH, rate=None, storage=str(tmp_path))
+    env2.get_checkpoint_config().set_num_retained_runs(1)
+    second = env2.execute(job, restore_from="latest")
+    assert second.restored_from is not None
+    # restored from the first run's final checkpoint: its state, its sources at their end
+    assert outcome(second, sink2).sums == expected_sums(50_000)
+    env3, _ = build_keyed_sum(10_000, P, BATCH, rate=None, storage=str(tmp_path))
+    env3.get_checkpoint_config().set_num_retained_runs(1)
+    env3.execute(job)
+    runs = sorted(p.name for p in (tmp_path / job).iterdir())
+    assert first.run_id not in runs  # pruned once nothing needed it any more
+
+
+@pytest.mark.chaos
+def test_a_cancel_while_a_subtask_still_loads_its_state_keeps_what_it_owes(tmp_path):
+    """Review schedule: a sink subtask whose restore is still reading its blobs is
+    cancelled: it must not abort the pre-committed parts of the completed checkpoint it
+    was restoring (it does not know them yet); a fresh subtask commits them instead."""
+    out = tmp_path / "out"
+    job = unique_job("cancel-loading")
+    plan = FaultPlan(
+        [
+            # dies surely before checkpoint 2's notification: its part stays pre-committed
+            Fault(
+                FaultPoint.DURING_COMMIT_POINT,
+                attempt=0,
+                vertex="committed",
+                subtask=0,
+                checkpoint=2,
+                seconds=1.0,
+            ),
+            Fault(
+                FaultPoint.DURING_STATE_LOAD,
+                attempt=1,
+                vertex="committed",
+                subtask=0,
+                action="sleep",
+                seconds=6.0,
+            ),
+        ]
+    )
+    n = 1_000_000
+    env, _ = build_keyed_sum(
+        n,
+        P,
+        BATCH,
+        rate=100_000,
+        storage=str(tmp_path / "chk"),
+        plan=plan,
+        sink=FileSink(str(out)),
+    )
+    client = env.execute_async(job)
+    deadline = time.time() + 60
+    loading = False
+    while not loading and time.time() < deadline:
+        loading = any(
+            m["attempt"] == 1
+            and "committed" in m["vertex"]
+            and m["subtask"] == 0
+            and m["started_at"] is not None
+            and m["records_in"] == 0
+            for m in client.metrics()
+        )
+        time.sleep(0.05)
+    assert loading  # attempt 1's sink subtask 0 runs and is reading its state now
+    time.sleep(0.5)
+    client.cancel()
+    with pytest.raises(JobCancelledError):
+        client.wait()
+    assert in_progress(out) == []
+    # The rest of the input from the newest checkpoint: the output is exactly once overall.
+    env2, _ = build_keyed_sum(
+        n, P, BATCH, rate=None, storage=str(tmp_path / "chk"), sink=FileSink(str(out))
+    )
+    env2.set_restart_strategy(RestartStrategies.fixed_delay_restart(2, 50))
+    env2.execute(job, restore_from="latest")
+    got = rows_per_key(read_committed(out, "jsonl"))
+    assert {k: v[-1] for k, v in got.items()} == expected_sums(n)
+    assert sum(len(v) for v in got.values()) == expected_rows(n, P, BATCH)
+    assert in_progress(out) == []

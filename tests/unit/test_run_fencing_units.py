@@ -769,7 +769,7 @@ def test_fence_cannot_be_copied():
 
 # --- seeded fault plans ---------------------------------------------------------------------
 
-STALLS = (FaultPoint.DURING_RECOVER, FaultPoint.DURING_BLOB_WRITE)
+STALLS = (FaultPoint.DURING_RECOVER, FaultPoint.DURING_BLOB_WRITE, FaultPoint.DURING_STATE_LOAD)
 MIXED_POINTS = [
     FaultPoint.DURING_RECOVER,
     FaultPoint.DURING_BLOB_WRITE,
@@ -906,3 +906,49 @@ def test_subtask_faults_fire_once_at_their_threshold_and_checkpoint():
     with pytest.raises(InjectedFault):
         faults.at(FaultPoint.DURING_ALIGNMENT)  # checkpoint 2
     faults.at(FaultPoint.DURING_ALIGNMENT)
+
+
+def test_a_run_that_failed_for_good_is_cleaned_up_before_it_fails():
+    sup = _supervisor(RestartStrategies.no_restart())
+    sup.start_attempt()
+    assert sup.on_failure("boom", FailureKind.ATTEMPT, when=1.0) is None
+    assert sup.job_state is JobState.FAILING
+    sup.begin_clean_up()  # a job master taking over a final failure finishes the clean-up
+    assert sup.job_state is JobState.CANCELLING
+    sup.move_to(JobState.CANCELED)
+    sup.begin_clean_up()  # final states stay final
+    assert sup.job_state is JobState.CANCELED
+
+
+def test_an_unreachable_actor_is_not_taken_for_dead(monkeypatch):
+    import asyncio
+
+    import ray
+
+    from ray.exceptions import ActorUnavailableError
+
+    from rayflow.runtime.job_master import ActorsStillAlive, kill_and_wait
+
+    class _Call:
+        def __init__(self, error: BaseException) -> None:
+            self.error = error
+
+        def __await__(self):
+            raise self.error
+            yield  # pragma: no cover
+
+    class _Method:
+        def __init__(self, error: BaseException) -> None:
+            self.error = error
+
+        def remote(self) -> _Call:
+            return _Call(self.error)
+
+    class _Handle:
+        def __init__(self, error: BaseException) -> None:
+            self.ready = _Method(error)
+
+    monkeypatch.setattr(ray, "kill", lambda actor, no_restart=True: None)  # no Ray here
+    unreachable = _Handle(ActorUnavailableError("unreachable", b"\x00" * 16))
+    with pytest.raises(ActorsStillAlive):
+        asyncio.run(kill_and_wait([unreachable], timeout_s=0.3))
