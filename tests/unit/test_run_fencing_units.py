@@ -924,7 +924,6 @@ def test_an_unreachable_actor_is_not_taken_for_dead(monkeypatch):
     import asyncio
 
     import ray
-
     from ray.exceptions import ActorUnavailableError
 
     from rayflow.runtime.job_master import ActorsStillAlive, kill_and_wait
