@@ -245,6 +245,7 @@ class JobClient:
         if self._outcome is not None:
             raise self._outcome
         deadline = None if timeout is None else time.time() + timeout
+        unreachable_since: float | None = None
         while True:
             remaining = None if deadline is None else max(0.0, deadline - time.time())
             ref = self._run_ref
@@ -253,8 +254,28 @@ class JobClient:
                 break
             except ray.exceptions.GetTimeoutError:
                 raise
-            except ray.exceptions.ActorUnavailableError:
-                time.sleep(1.0)  # unreachable for now (a network blip): not known to be dead
+            except ray.exceptions.ActorUnavailableError as exc:
+                # unreachable for now (a network blip, or a node not yet declared dead)
+                unreachable_since = unreachable_since or time.time()
+                if time.time() - unreachable_since < MASTER_UNREACHABLE_S:
+                    time.sleep(1.0)
+                    continue
+                unreachable_since = None
+                with self._takeover:
+                    if self._run_ref is not ref:
+                        continue
+                    try:
+                        restarted = self._restart_master(exc)
+                    except BaseException:
+                        self._release()
+                        self._state = JobState.FAILED
+                        raise
+                if not restarted:
+                    self._release()
+                    self._state = JobState.FAILED
+                    raise JobFailedError(
+                        self._failure or f"job {self.job_name!r} failed: its job master is lost"
+                    ) from None
             except ray.exceptions.RayActorError as exc:
                 with self._takeover:
                     if self._run_ref is not ref:
@@ -304,6 +325,9 @@ def settings_generation(settings: JobSettings) -> int:
     return settings.supervisor.master_generation if settings.supervisor else 0
 
 
+#: an unreachable job master is taken for lost after this long
+MASTER_UNREACHABLE_S = 60.0
+
 #: job masters started only to finish a cancel or a final failure's clean-up, at most
 MAX_CLEAN_UP_MASTERS = 3
 
@@ -340,7 +364,7 @@ def _kill_job_actors(job_id: str, timeout_s: float = 30.0) -> None:
             try:
                 ray.get(handle.ready.remote(), timeout=1.0)
             except ray.exceptions.ActorUnavailableError:
-                pass  # unreachable for now, maybe alive: not dead
+                pass  # unreachable for now: maybe alive, maybe its node is not declared dead
             except ray.exceptions.RayActorError:
                 break
             except Exception:  # noqa: BLE001 - not answering yet

@@ -131,6 +131,11 @@ def _rss_bytes() -> int | None:
         return None
 
 
+#: A killed actor that cannot be reached for this long counts as gone (its node is lost
+#: and not yet declared dead; Ray offers no surer proof across a partition).
+UNREACHABLE_IS_GONE_S = 10.0
+
+
 class ActorsStillAlive(RuntimeError):
     """Killed actors did not die in time: the next attempt must not start beside them."""
 
@@ -147,11 +152,18 @@ async def kill_and_wait(actors: Any, timeout_s: float = 30.0) -> None:
 
     async def dead(actor: Any) -> bool:
         deadline = time.monotonic() + timeout_s
+        unreachable_since: float | None = None
         while time.monotonic() < deadline:
             try:
                 await asyncio.wait_for(actor.ready.remote(), timeout=1.0)
+                unreachable_since = None
             except ActorUnavailableError:
-                pass  # unreachable for now, maybe alive: not dead
+                # Unreachable: maybe alive behind a network fault, maybe on a node that is
+                # gone and not yet declared dead. Killed, and unreachable for a while: gone.
+                now = time.monotonic()
+                unreachable_since = unreachable_since or now
+                if now - unreachable_since >= UNREACHABLE_IS_GONE_S:
+                    return True
             except RayActorError:
                 return True
             except Exception:  # noqa: BLE001 - still going away
@@ -278,7 +290,7 @@ class JobMaster:
             if self.supervisor.job_state.is_terminal:
                 # the run is over and cleaned up: the job name is free again, whether or
                 # not its client ever waits for the outcome
-                release_run_lock_of(self.settings.job_name, self.settings.run_id)
+                await release_run_lock_of(self.settings.job_name, self.settings.run_id)
         return {
             "outputs": outputs,
             "started_at": self.started_at,

@@ -71,11 +71,13 @@ def release_run_lock(lock) -> None:
         pass
 
 
-def release_run_lock_of(job_name: str, run_id: str) -> None:
-    """Release the job name's lock if ``run_id`` holds it (from anywhere in the cluster)."""
+async def release_run_lock_of(job_name: str, run_id: str) -> None:
+    """Release the job name's lock if ``run_id`` holds it (from an actor's event loop)."""
+    import asyncio
+
     try:
         lock = ray.get_actor(_lock_name(job_name), namespace=NAMESPACE)
-        if ray.get(lock.holder.remote(), timeout=10) == run_id:
+        if await asyncio.wait_for(lock.holder.remote(), timeout=10) == run_id:
             release_run_lock(lock)
     except Exception:  # noqa: BLE001 - no lock, or already going
         pass
