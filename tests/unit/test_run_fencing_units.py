@@ -951,3 +951,28 @@ def test_an_unreachable_actor_is_not_taken_for_dead(monkeypatch):
     unreachable = _Handle(ActorUnavailableError("unreachable", b"\x00" * 16))
     with pytest.raises(ActorsStillAlive):
         asyncio.run(kill_and_wait([unreachable], timeout_s=0.3))
+
+
+def test_local_checkpoint_files_are_fsynced_before_and_after_the_rename(tmp_path, monkeypatch):
+    """A power loss right after a commit point must not leave an empty "completed"
+    checkpoint: the blob, the metadata and the directory entry are each fsynced."""
+    import os as _os
+
+    synced: list[str] = []
+    real_fsync = _os.fsync
+
+    def recording_fsync(fd: int) -> None:
+        synced.append(_os.readlink(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    monkeypatch.setattr(_os, "fsync", recording_fsync)
+    storage = CheckpointStorage(str(tmp_path), "job", run_id="run-20260101T000000-abc")
+    blob = storage.write_blob(3, storage.blob_name(0, 1, 0), b"state")
+    assert blob in synced
+    synced.clear()
+    meta = CheckpointMetadata(3, "job", storage.run_id, 0, 0.0, 1.0, False)
+    final = storage.commit_metadata(3, meta)
+    chk_dir = _os.path.dirname(final)
+    temp_synced = [p for p in synced if _os.path.basename(p).startswith(".")]
+    assert temp_synced, synced  # the data, under its temporary name, before the rename
+    assert synced.index(temp_synced[0]) < synced.index(chk_dir)  # then the directory
