@@ -25,8 +25,9 @@ from rayflow.guarantees import DeliveryGuarantee, end_to_end
 from rayflow.keygroups import DEFAULT_MAX_PARALLELISM
 from rayflow.plan.logical import LogicalPlan
 from rayflow.plan.physical import JobGraph, build_job_graph
-from rayflow.runtime.job_master import JobMaster, JobSettings, _unwrap
+from rayflow.runtime.job_master import JobMaster, _unwrap
 from rayflow.runtime.run_lock import acquire_run_lock, release_run_lock
+from rayflow.runtime.settings import JobSettings
 from rayflow.runtime.supervisor import RestartSupervisor
 from rayflow.sink import Sink, UnsupportedGuaranteeError
 from rayflow.sources import CollectionSource, Source

@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 import ray
@@ -37,16 +36,13 @@ from rayflow.checkpoint.coordinator import (
     CompletedCheckpoint,
 )
 from rayflow.checkpoint.failures import CheckpointFailureManager
-from rayflow.checkpoint.metadata import CheckpointMetadata
-from rayflow.checkpoint.storage import CheckpointStorage
-from rayflow.config import CheckpointConfig, RestartStrategy, default_restart_strategy
 from rayflow.errors import JobCancelledError, JobFailedError, OperatorError
-from rayflow.plan.partitioners import PartitionKind
 from rayflow.plan.physical import JobGraph
-from rayflow.runtime.hooks import HookPoint, RuntimeHooks
-from rayflow.runtime.restore import assign_source_splits, state_handles
+from rayflow.runtime.deployer import Deployer
+from rayflow.runtime.hooks import HookPoint
 from rayflow.runtime.run_lock import release_run_lock_of
-from rayflow.runtime.subtask import OutputDeployment, SubtaskActor, SubtaskDeployment
+from rayflow.runtime.settings import JobSettings
+from rayflow.runtime.subtask import SubtaskActor, SubtaskDeployment
 from rayflow.runtime.supervisor import RestartSupervisor, SupervisorState
 from rayflow.sink import TwoPhaseCommittingSink
 from rayflow.status import FailureKind, JobState
@@ -55,42 +51,6 @@ log = logging.getLogger("rayflow.job")
 
 #: How many checkpoints' statistics the job master keeps (Flink's default history size).
 CHECKPOINT_HISTORY = 10
-
-
-@dataclass
-class JobSettings:
-    job_name: str
-    job_id: str = ""
-    run_id: str = ""
-    channel_capacity: int = 8
-    send_window: int = 8
-    subtask_options: dict[str, Any] = field(default_factory=dict)
-    checkpoint_config: CheckpointConfig = field(default_factory=CheckpointConfig)
-    restart_strategy: RestartStrategy | None = None
-    hooks: RuntimeHooks | None = None
-    #: the point this run started from (``restore_from``), never replaced
-    initial_restore: CheckpointMetadata | None = None
-    #: ids of this run's checkpoints start here (above every id of earlier runs)
-    first_checkpoint_id: int = 1
-    #: the supervisor's state a (new) job master starts from
-    supervisor: SupervisorState | None = None
-    #: a job master taking over a cancel: it only cleans up (commits what completed
-    #: checkpoints hold, aborts every other transaction)
-    cancel_requested: bool = False
-
-    @property
-    def checkpointing(self) -> bool:
-        return self.checkpoint_config.is_checkpointing_enabled()
-
-    def storage(self) -> CheckpointStorage:
-        c = self.checkpoint_config
-        return CheckpointStorage(
-            c.checkpoint_storage, self.job_name, c.storage_options, run_id=self.run_id or None
-        )
-
-    def new_supervisor(self) -> RestartSupervisor:
-        strategy = self.restart_strategy or default_restart_strategy(self.checkpointing)
-        return RestartSupervisor.new(self.run_id, strategy)
 
 
 def subtask_max_concurrency(channels: int, send_window: int) -> int:
@@ -195,6 +155,7 @@ class JobMaster:
         )
         self.coordinator: CheckpointCoordinator | None = None
         self.storage = settings.storage() if settings.checkpointing else None
+        self.deployer = Deployer(graph, settings, self.storage)
         self.latest: CompletedCheckpoint | None = None
         self.ids: CheckpointIdCounter | None = None
         self.restored_from: int | None = None
@@ -449,7 +410,9 @@ class JobMaster:
         try:
             for key in keys:
                 vertex = self.graph.vertices[key[0]]
-                deployment = self._deployment(vertex, key[1], attempt, restore, outputs=[])
+                deployment = self.deployer.deployment(
+                    vertex, key[1], attempt, restore, outputs=[], master=self._me()
+                )
                 actors[key] = self._new_actor(key, deployment)
             results = await asyncio.gather(
                 *(
@@ -715,8 +678,9 @@ class JobMaster:
                 vertex = graph.vertices[vertex_id]
                 for index in range(vertex.parallelism):
                     key = (vertex_id, index)
-                    deployment = self._deployment(
-                        vertex, index, attempt, restore, self._outputs(vertex, index, actors)
+                    outputs = self.deployer.outputs(vertex, index, actors)
+                    deployment = self.deployer.deployment(
+                        vertex, index, attempt, restore, outputs, master=self._me()
                     )
                     spare = self._spare.pop(key, None)
                     if spare is not None:
@@ -750,62 +714,9 @@ class JobMaster:
                 raise RuntimeError(f"subtasks {sorted(failed)} could not be deployed")
             await self._deploy(attempt, restore, tries - 1)
 
-    def _outputs(
-        self, vertex: Any, index: int, actors: dict[tuple[int, int], Any]
-    ) -> list[OutputDeployment]:
-        """One out-edge of a subtask each: its partitioner and its receivers' handles
-        (receivers are deployed first)."""
-        graph = self.graph
-        outputs = []
-        for edge_id in vertex.out_edges:
-            edge = graph.edges[edge_id]
-            target = graph.vertices[edge.target_vertex]
-            if edge.partitioner.kind is PartitionKind.FORWARD:
-                receivers = [index]
-            else:
-                receivers = list(range(target.parallelism))
-            outputs.append(
-                OutputDeployment(
-                    partitioner=edge.partitioner,
-                    receivers=[
-                        (actors[(target.vertex_id, r)], graph.channel_index(edge_id, index, r))
-                        for r in receivers
-                    ],
-                    # keys are routed by the receiving operator's key groups
-                    max_parallelism=target.max_parallelism,
-                )
-            )
-        return outputs
-
-    def _deployment(
-        self,
-        vertex: Any,
-        index: int,
-        attempt: int,
-        restore: CompletedCheckpoint | None,
-        outputs: list[OutputDeployment],
-    ) -> SubtaskDeployment:
-        settings, hooks = self.settings, self.settings.hooks
-        meta = restore.metadata if restore else None
-        splits = assign_source_splits(vertex, meta) if vertex.is_source else None
-        return SubtaskDeployment(
-            job_name=settings.job_name,
-            vertex=vertex,
-            index=index,
-            attempt=attempt,
-            num_input_channels=len(self.graph.input_channels(vertex.vertex_id, index)),
-            outputs=outputs,
-            source_splits=splits[index] if splits else [],
-            channel_capacity=settings.channel_capacity,
-            send_window=settings.send_window,
-            checkpointing=settings.checkpoint_config.mode if settings.checkpointing else None,
-            storage=self.storage,
-            master=ray.get_runtime_context().current_actor,
-            restore=state_handles(vertex, meta, restore.refs if restore else None),
-            restored_checkpoint=restore.checkpoint_id if restore else None,
-            hooks=hooks.for_subtask(vertex.name, index, attempt) if hooks else None,
-            run_id=settings.run_id,
-        )
+    @staticmethod
+    def _me() -> Any:
+        return ray.get_runtime_context().current_actor
 
     def _new_actor(self, key: tuple[int, int], deployment: SubtaskDeployment) -> Any:
         self._incarnations += 1

@@ -1,0 +1,92 @@
+"""The deployer: what each subtask of an attempt is deployed with.
+
+Plain code over the job graph and the run's settings (no Ray calls), so the wiring is
+unit-tested on its own: which receivers each out-edge has and through which channel,
+that keys are routed by the *receiving* operator's key groups, which source splits and
+which state each subtask restores. The job master creates the actors; the deployer only
+says what goes into them (receivers are deployed first, so each sender gets their
+handles).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rayflow.checkpoint.coordinator import CompletedCheckpoint
+from rayflow.checkpoint.storage import CheckpointStorage
+from rayflow.plan.partitioners import PartitionKind
+from rayflow.plan.physical import JobGraph, VertexSpec
+from rayflow.runtime.restore import assign_source_splits, state_handles
+from rayflow.runtime.settings import JobSettings
+from rayflow.runtime.subtask import OutputDeployment, SubtaskDeployment
+
+__all__ = ["Deployer"]
+
+SubtaskKey = tuple[int, int]
+
+
+class Deployer:
+    def __init__(
+        self, graph: JobGraph, settings: JobSettings, storage: CheckpointStorage | None
+    ) -> None:
+        self.graph = graph
+        self.settings = settings
+        self.storage = storage
+
+    def outputs(
+        self, vertex: VertexSpec, index: int, actors: dict[SubtaskKey, Any]
+    ) -> list[OutputDeployment]:
+        """One entry per out-edge of subtask ``index`` of ``vertex``: its partitioner and
+        its receivers' handles (taken from ``actors``) with their channel indices."""
+        graph = self.graph
+        outputs = []
+        for edge_id in vertex.out_edges:
+            edge = graph.edges[edge_id]
+            target = graph.vertices[edge.target_vertex]
+            if edge.partitioner.kind is PartitionKind.FORWARD:
+                receivers = [index]
+            else:
+                receivers = list(range(target.parallelism))
+            outputs.append(
+                OutputDeployment(
+                    partitioner=edge.partitioner,
+                    receivers=[
+                        (actors[(target.vertex_id, r)], graph.channel_index(edge_id, index, r))
+                        for r in receivers
+                    ],
+                    # keys are routed by the receiving operator's key groups
+                    max_parallelism=target.max_parallelism,
+                )
+            )
+        return outputs
+
+    def deployment(
+        self,
+        vertex: VertexSpec,
+        index: int,
+        attempt: int,
+        restore: CompletedCheckpoint | None,
+        outputs: list[OutputDeployment],
+        master: Any = None,
+    ) -> SubtaskDeployment:
+        settings, hooks = self.settings, self.settings.hooks
+        meta = restore.metadata if restore else None
+        splits = assign_source_splits(vertex, meta) if vertex.is_source else None
+        return SubtaskDeployment(
+            job_name=settings.job_name,
+            vertex=vertex,
+            index=index,
+            attempt=attempt,
+            num_input_channels=len(self.graph.input_channels(vertex.vertex_id, index)),
+            outputs=outputs,
+            source_splits=splits[index] if splits else [],
+            channel_capacity=settings.channel_capacity,
+            send_window=settings.send_window,
+            checkpointing=settings.checkpoint_config.mode if settings.checkpointing else None,
+            storage=self.storage,
+            master=master,
+            restore=state_handles(vertex, meta, restore.refs if restore else None),
+            restored_checkpoint=restore.checkpoint_id if restore else None,
+            hooks=hooks.for_subtask(vertex.name, index, attempt) if hooks else None,
+            run_id=settings.run_id,
+        )

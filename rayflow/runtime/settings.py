@@ -1,0 +1,52 @@
+"""What one run of a job is deployed with: ``JobSettings``, handed from the driver to
+every job master of the run (a job master that takes over gets the same settings, with
+the supervisor's state it continues from)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from rayflow.checkpoint.metadata import CheckpointMetadata
+from rayflow.checkpoint.storage import CheckpointStorage
+from rayflow.config import CheckpointConfig, RestartStrategy, default_restart_strategy
+from rayflow.runtime.hooks import RuntimeHooks
+from rayflow.runtime.supervisor import RestartSupervisor, SupervisorState
+
+__all__ = ["JobSettings"]
+
+
+@dataclass
+class JobSettings:
+    job_name: str
+    job_id: str = ""
+    run_id: str = ""
+    channel_capacity: int = 8
+    send_window: int = 8
+    subtask_options: dict[str, Any] = field(default_factory=dict)
+    checkpoint_config: CheckpointConfig = field(default_factory=CheckpointConfig)
+    restart_strategy: RestartStrategy | None = None
+    hooks: RuntimeHooks | None = None
+    #: the point this run started from (``restore_from``), never replaced
+    initial_restore: CheckpointMetadata | None = None
+    #: ids of this run's checkpoints start here (above every id of earlier runs)
+    first_checkpoint_id: int = 1
+    #: the supervisor's state a (new) job master starts from
+    supervisor: SupervisorState | None = None
+    #: a job master taking over a cancel: it only cleans up (commits what completed
+    #: checkpoints hold, aborts every other transaction)
+    cancel_requested: bool = False
+
+    @property
+    def checkpointing(self) -> bool:
+        return self.checkpoint_config.is_checkpointing_enabled()
+
+    def storage(self) -> CheckpointStorage:
+        c = self.checkpoint_config
+        return CheckpointStorage(
+            c.checkpoint_storage, self.job_name, c.storage_options, run_id=self.run_id or None
+        )
+
+    def new_supervisor(self) -> RestartSupervisor:
+        strategy = self.restart_strategy or default_restart_strategy(self.checkpointing)
+        return RestartSupervisor.new(self.run_id, strategy)
