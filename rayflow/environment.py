@@ -262,38 +262,9 @@ class JobClient:
                     time.sleep(1.0)
                     continue
                 unreachable_since = None
-                with self._takeover:
-                    if self._run_ref is not ref:
-                        continue
-                    try:
-                        restarted = self._restart_master(exc)
-                    except BaseException:
-                        self._release()
-                        self._state = JobState.FAILED
-                        raise
-                if not restarted:
-                    self._release()
-                    self._state = JobState.FAILED
-                    raise JobFailedError(
-                        self._failure or f"job {self.job_name!r} failed: its job master is lost"
-                    ) from None
+                self._take_over(ref, exc)
             except ray.exceptions.RayActorError as exc:
-                with self._takeover:
-                    if self._run_ref is not ref:
-                        continue  # another thread took over already
-                    try:
-                        restarted = self._restart_master(exc)
-                    except BaseException:
-                        self._release()
-                        self._state = JobState.FAILED
-                        raise
-                if not restarted:
-                    self._release()
-                    self._state = JobState.FAILED
-                    raise JobFailedError(
-                        self._failure
-                        or f"job {self.job_name!r} failed: its job master died ({exc})"
-                    ) from None
+                self._take_over(ref, exc)
             except Exception as exc:
                 self._release()
                 cause = _unwrap(exc)
@@ -309,6 +280,25 @@ class JobClient:
         return self._result
 
     get_job_execution_result = wait
+
+    def _take_over(self, ref: Any, exc: BaseException) -> None:
+        """The job master behind ``ref`` is lost: start the next one, once, whichever
+        thread sees it first; raise if the run cannot go on."""
+        with self._takeover:
+            if self._run_ref is not ref:
+                return  # another thread took over already
+            try:
+                restarted = self._restart_master(exc)
+            except BaseException:
+                self._release()
+                self._state = JobState.FAILED
+                raise
+        if not restarted:
+            self._release()
+            self._state = JobState.FAILED
+            raise JobFailedError(
+                self._failure or f"job {self.job_name!r} failed: its job master died ({exc})"
+            ) from None
 
     def _release(self) -> None:
         """The run is over: its job master (and any actor of the job left) goes, and

@@ -78,6 +78,7 @@ from typing import Any, NamedTuple
 import pyarrow as pa
 import pyarrow.fs as pafs
 
+from rayflow.durability import fsync_dir, fsync_file
 from rayflow.guarantees import DeliveryGuarantee
 from rayflow.sink import RollingPolicy, SinkContext, TwoPhaseCommittingSink
 from sinks.formats import FORMATS, Encoder, extension_of, open_encoder
@@ -269,8 +270,8 @@ class FileSink(TwoPhaseCommittingSink):
         file_id = boot_id = None
         if self._local is not None:
             local_tmp = self._local_path(transaction.tmp_path)
-            _fsync_file(local_tmp)
-            _fsync_dir(self._local_path(self.directory))
+            fsync_file(local_tmp)
+            fsync_dir(self._local_path(self.directory))
             st = os.stat(local_tmp)  # a rename keeps device, inode and mtime
             file_id, boot_id = (st.st_dev, st.st_ino, st.st_mtime_ns), _boot_id()
         return FileCommittable(
@@ -296,7 +297,7 @@ class FileSink(TwoPhaseCommittingSink):
                 self._write_marker(final_path, committable.token)
             self.filesystem.move(tmp_path, final_path)
             if self._local is not None:
-                _fsync_dir(self._local_path(self.directory))
+                fsync_dir(self._local_path(self.directory))
             return
         if final.type is pafs.FileType.File:
             problem = self._not_ours(committable, final)
@@ -522,24 +523,3 @@ def _boot_id() -> str | None:
         except OSError:
             _BOOT_ID.append(None)
     return _BOOT_ID[0]
-
-
-def _fsync_file(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_dir(path: str) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass  # some filesystems refuse fsync on a directory
-    finally:
-        os.close(fd)

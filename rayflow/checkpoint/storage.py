@@ -32,6 +32,7 @@ from typing import Any
 import pyarrow.fs as pafs
 
 from rayflow.checkpoint.metadata import CheckpointMetadata
+from rayflow.durability import fsync_dir
 
 __all__ = [
     "CheckpointStorage",
@@ -67,19 +68,6 @@ def _resolve_root(root: str, options: dict[str, Any]) -> tuple[pafs.FileSystem, 
     return pafs.LocalFileSystem(), os.path.abspath(root)
 
 
-def _fsync(path: str) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass  # some filesystems refuse fsync on a directory
-    finally:
-        os.close(fd)
-
-
 class _Files:
     """Small filesystem helpers shared by a job's and a run's storage."""
 
@@ -109,7 +97,7 @@ class _Files:
                 out.flush()
                 os.fsync(out.fileno())
             os.replace(temp, final)
-            _fsync(directory)
+            fsync_dir(directory)
         else:
             with self.fs.open_output_stream(final) as out:
                 out.write(data)

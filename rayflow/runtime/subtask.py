@@ -295,11 +295,7 @@ class SubtaskActor:
                 if on_cancel is not None:
                     await self._in_thread(on_cancel, latest_completed)
         finally:
-            for op in self.operators:
-                try:
-                    op.close()
-                except Exception:  # noqa: BLE001 - closing must not hide the first error
-                    pass
+            self._close_operators()
         return True
 
     async def _in_thread(self, fn: Any, *args: Any) -> Any:
@@ -349,11 +345,14 @@ class SubtaskActor:
         except Exception as exc:
             raise self._operator_error(exc) from None
         finally:
-            for op in self.operators:
-                try:
-                    op.close()
-                except Exception:  # noqa: BLE001 - closing must not hide the first error
-                    pass
+            self._close_operators()
+
+    def _close_operators(self) -> None:
+        for op in self.operators:
+            try:
+                op.close()
+            except Exception:  # noqa: BLE001 - closing must not hide the first error
+                pass
 
     def _operator_error(self, exc: BaseException) -> OperatorError:
         return OperatorError(
