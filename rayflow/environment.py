@@ -139,6 +139,8 @@ class JobClient:
             max_concurrency=1000,
         ).remote(self._graph, self._settings)
         self._run_ref = self._master.run.remote()
+        if self._cancel_requested and not self._settings.cancel_requested:
+            self._master.cancel.remote()  # a cancel asked while this master was starting
 
     def _restart_master(self, exc: BaseException) -> bool:
         """One supervisor for every restart: the master's loss spends the run's budget.
@@ -256,10 +258,14 @@ class JobClient:
             except ray.exceptions.GetTimeoutError:
                 raise
             except ray.exceptions.ActorUnavailableError as exc:
-                # unreachable for now (a network blip, or a node not yet declared dead)
+                # Unreachable for now (a network blip, or a node not yet declared dead). The
+                # failed call keeps its error: ask the job master again with a fresh call.
                 unreachable_since = unreachable_since or time.time()
                 if time.time() - unreachable_since < MASTER_UNREACHABLE_S:
                     time.sleep(1.0)
+                    with self._takeover:
+                        if self._run_ref is ref:
+                            self._run_ref = self._master.outcome.remote()
                     continue
                 unreachable_since = None
                 self._take_over(ref, exc)

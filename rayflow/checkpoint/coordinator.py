@@ -300,7 +300,19 @@ class CheckpointCoordinator:
 
         def write() -> None:
             self.hooks.at(HookPoint.DURING_COMMIT_POINT, n, named)
-            self.storage.commit_metadata(cid, metadata)
+            try:
+                self.storage.commit_metadata(cid, metadata)
+            except Exception:
+                # The outcome is unknown (an object store may have taken the PUT and lost
+                # the answer): the checkpoint exists exactly when its metadata reads back.
+                if not self._reads_back(cid, metadata):
+                    raise
+                log.warning(
+                    "checkpoint %d of %r: metadata write reported an error but "
+                    "the metadata is there: completed",
+                    cid,
+                    self.job_name,
+                )
 
         try:
             await asyncio.to_thread(write)
@@ -332,6 +344,22 @@ class CheckpointCoordinator:
         del previous  # its object refs go out of scope here
         self._spawn(self._subsume(cid))
         self._wakeup.set()
+
+    def _reads_back(self, cid: int, metadata: CheckpointMetadata) -> bool:
+        for _ in range(3):
+            try:
+                found = self.storage.load_metadata(cid)
+            except FileNotFoundError:
+                return False
+            except Exception:  # noqa: BLE001 - storage still failing: try again
+                time.sleep(0.5)
+                continue
+            return (found.run_id, found.attempt, found.completed_at) == (
+                metadata.run_id,
+                metadata.attempt,
+                metadata.completed_at,
+            )
+        raise RuntimeError(f"checkpoint {cid}: cannot tell whether its metadata was written")
 
     def _named_tasks(self) -> dict[tuple[str, int], Any]:
         return {(self.graph.vertices[k[0]].name, k[1]): a for k, a in self.tasks.items()}

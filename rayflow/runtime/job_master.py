@@ -171,6 +171,9 @@ class JobMaster:
         self._incarnations = 0
         self.recovery_times: list[float] = []
         self.clean_up_failure: str | None = None
+        self._ended = asyncio.Event()  # run() returned or raised: see _result / _error
+        self._result: dict[str, Any] | None = None
+        self._error: BaseException | None = None
 
     # --- queries ------------------------------------------------------------------------
 
@@ -242,7 +245,25 @@ class JobMaster:
 
     # --- the job ------------------------------------------------------------------------
 
+    async def outcome(self) -> dict[str, Any]:
+        """What ``run()`` returns (or raises), for a client whose call to ``run()`` was
+        lost on the way (the job master was unreachable for a moment)."""
+        await self._ended.wait()
+        if self._error is not None:
+            raise self._error
+        return self._result
+
     async def run(self) -> dict[str, Any]:
+        try:
+            self._result = await self._run()
+            return self._result
+        except BaseException as exc:
+            self._error = exc
+            raise
+        finally:
+            self._ended.set()
+
+    async def _run(self) -> dict[str, Any]:
         self.started_at = time.time()
         try:
             outputs = await self._run_with_restarts()
@@ -370,25 +391,40 @@ class JobMaster:
                 restore = await self._restore_point()
                 latest = restore.checkpoint_id if restore is not None else None
             except Exception as exc:  # noqa: BLE001 - then nothing can be committed safely
-                log.warning(
-                    "job %r: no restore point for clean-up: %s", self.settings.job_name, exc
+                log.warning("job %r: no restore point to clean up: %s", self.settings.job_name, exc)
+                await self._kill_everything_in(actors)
+                self.clean_up_failure = (
+                    f"no restore point to clean up from ({type(exc).__name__}: {exc}); "
+                    "transactions stay until the next run of this job recovers them"
                 )
-                await kill_and_wait(actors.values())
                 return
-        cleaned: set[tuple[int, int]] = set()
-        calls = {key: a.close_for_cancel.remote(self.attempt, latest) for key, a in actors.items()}
-        for key, ref in calls.items():
-            try:
-                if await asyncio.wait_for(ref, timeout=120):
-                    cleaned.add(key)
-            except Exception as exc:  # noqa: BLE001 - cleaned up below from the checkpoint
-                log.info(
-                    "job %r: subtask %s did not clean up: %s", self.settings.job_name, key, exc
-                )
-        await kill_and_wait(actors.values())
+        keys = list(actors)
+        outcomes = await asyncio.gather(
+            *(
+                asyncio.wait_for(actors[k].close_for_cancel.remote(self.attempt, latest), 300)
+                for k in keys
+            ),
+            return_exceptions=True,
+        )
+        cleaned = {k for k, ok in zip(keys, outcomes) if ok is True}
+        await self._kill_everything_in(actors)
         missing = [k for k in self._two_phase_sink_subtasks() if k not in cleaned]
         if missing and self.settings.checkpointing:
-            await self._clean_up_from_checkpoint(missing, latest)
+            for _ in range(2):
+                missing = await self._clean_up_from_checkpoint(missing, latest)
+                if not missing:
+                    break
+            if missing:
+                self.clean_up_failure = (
+                    f"sink subtasks {missing} could not be cleaned up; their transactions "
+                    "stay until the next run of this job recovers them"
+                )
+
+    async def _kill_everything_in(self, actors: dict[tuple[int, int], Any]) -> None:
+        try:
+            await kill_and_wait(actors.values())
+        except ActorsStillAlive as exc:  # their messages are dropped by attempt number
+            log.error("job %r: %s", self.settings.job_name, exc)
 
     def _two_phase_sink_subtasks(self) -> list[tuple[int, int]]:
         return [
@@ -433,7 +469,7 @@ class JobMaster:
             log.warning("job %r: clean-up failed: %s", self.settings.job_name, exc)
             failed = list(keys)
         finally:
-            await kill_and_wait(actors.values())
+            await self._kill_everything_in(actors)
         return failed
 
     def _latest_completed_id(self) -> int | None:

@@ -566,3 +566,69 @@ def test_a_cancel_while_a_subtask_still_loads_its_state_keeps_what_it_owes(tmp_p
     assert {k: v[-1] for k, v in got.items()} == expected_sums(n)
     assert sum(len(v) for v in got.values()) == expected_rows(n, P, BATCH)
     assert in_progress(out) == []
+
+
+@pytest.mark.chaos
+def test_a_clean_up_that_fails_is_retried_and_what_stays_open_is_reported(tmp_path):
+    """Review schedule: the job fails for good with a dead sink subtask; the fresh subtask
+    that cleans up for it fails too. The clean-up is retried; when every try fails, the
+    job's error says what stays open instead of claiming a clean end."""
+    out = tmp_path / "out"
+    kill = Fault(FaultPoint.AFTER_RECORDS, attempt=0, vertex="committed", subtask=0, records=30_000)
+    # the clean-up subtasks take the attempts after the last regular one: 1, then 2
+    fail_1 = Fault(FaultPoint.DURING_RECOVER, attempt=1, vertex="committed", action="raise")
+    fail_2 = Fault(FaultPoint.DURING_RECOVER, attempt=2, vertex="committed", action="raise")
+    for faults, reported in (([kill, fail_1], False), ([kill, fail_1, fail_2], True)):
+        env, _ = build_keyed_sum(
+            1_000_000,
+            P,
+            BATCH,
+            rate=100_000,
+            storage=str(tmp_path / "chk"),
+            plan=FaultPlan(faults),
+            sink=FileSink(str(out)),
+        )
+        env.set_restart_strategy(RestartStrategies.no_restart())
+        client = env.execute_async(unique_job("clean-up-fails"))
+        with pytest.raises(JobFailedError) as failed:
+            client.wait(timeout=120)
+        assert ("could not be cleaned up" in str(failed.value)) is reported, failed.value
+        if not reported:
+            assert in_progress(out) == []  # the retry cleaned up
+
+
+@pytest.mark.chaos
+def test_a_cancel_during_a_job_master_takeover_is_not_lost(tmp_path, monkeypatch):
+    """Review schedule: one thread waits on the job; its job master dies and the waiter is
+    taking over (recording the run's state) when another thread cancels. The new job
+    master must get the cancel: the job ends CANCELED, not FINISHED."""
+    import threading
+
+    plan = FaultPlan([Fault(FaultPoint.JOB_MASTER_BEFORE_NOTIFY, attempt=0, checkpoint=1)])
+    env, _ = build_keyed_sum(2_000_000, P, BATCH, rate=100_000, storage=str(tmp_path), plan=plan)
+    taking_over = threading.Event()
+    real_write = CheckpointStorage.write_job_state
+
+    def slow_write(self, state):  # in this driver only: the takeover's state write
+        taking_over.set()
+        time.sleep(3)
+        real_write(self, state)
+
+    monkeypatch.setattr(CheckpointStorage, "write_job_state", slow_write)
+    client = env.execute_async(unique_job("cancel-takeover"))
+    ended: dict[str, object] = {}
+
+    def waiter() -> None:
+        try:
+            client.wait()
+            ended["outcome"] = "finished"
+        except BaseException as exc:  # noqa: BLE001 - the outcome under test
+            ended["outcome"] = exc
+
+    thread = threading.Thread(target=waiter)
+    thread.start()
+    assert taking_over.wait(60)
+    client.cancel(timeout=120)
+    thread.join(120)
+    assert isinstance(ended.get("outcome"), JobCancelledError), ended
+    assert client.get_job_status() == "CANCELED"

@@ -976,3 +976,35 @@ def test_local_checkpoint_files_are_fsynced_before_and_after_the_rename(tmp_path
     temp_synced = [p for p in synced if _os.path.basename(p).startswith(".")]
     assert temp_synced, synced  # the data, under its temporary name, before the rename
     assert synced.index(temp_synced[0]) < synced.index(chk_dir)  # then the directory
+
+
+def test_a_metadata_write_whose_answer_was_lost_counts_if_it_reads_back(tmp_path):
+    """An object store may take the PUT of a commit point and lose the answer: the
+    checkpoint exists exactly when its own metadata reads back."""
+    from rayflow import StreamExecutionEnvironment
+    from rayflow.checkpoint.coordinator import CheckpointCoordinator
+    from rayflow.config import CheckpointConfig
+
+    env = StreamExecutionEnvironment.get_execution_environment()
+    env.from_collection([{"a": 1}]).print()
+    storage = CheckpointStorage(str(tmp_path), "job", run_id="run-20260101T000000-abc")
+    coordinator = CheckpointCoordinator(
+        "job",
+        CheckpointConfig(),
+        storage,
+        env.get_job_graph(),
+        {},
+        3,
+        CheckpointIdCounter(storage, 1),
+        lambda exc: None,
+        None,
+        CheckpointHistory(),
+        None,
+        run_id=storage.run_id,
+    )
+    ours = CheckpointMetadata(5, "job", storage.run_id, 3, 0.0, 12.5, False)
+    assert coordinator._reads_back(5, ours) is False  # nothing was written
+    storage.commit_metadata(5, ours)
+    assert coordinator._reads_back(5, ours) is True
+    other = CheckpointMetadata(5, "job", storage.run_id, 2, 0.0, 11.0, False)
+    assert coordinator._reads_back(5, other) is False  # someone else's write
