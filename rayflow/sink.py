@@ -71,6 +71,13 @@ class SinkContext:
     subtask_index: int
     parallelism: int
     attempt: int
+    #: the run this subtask belongs to (``run-<start time>-<random>``); sinks that name
+    #: their output put it in the names, so a rerun never writes over an earlier run's
+    run_id: str = ""
+
+    def run_tag(self) -> str:
+        """A short, time-sorted name part for the run (empty when there is no run id)."""
+        return self.run_id[len("run-") :] if self.run_id.startswith("run-") else self.run_id
 
 
 class SinkWriter(abc.ABC):

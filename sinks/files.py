@@ -8,16 +8,17 @@ One transaction is one part file. It is written as a hidden file (leading dot, s
 ``pyarrow.dataset`` and most readers skip it) and renamed to its final name when
 the transaction commits::
 
-    .part-<job>_<operator uid>_<subtask:04d>-<sequence:08d>.<ext>.a<attempt>-<random>.inprogress
-        -> part-<job>_<operator uid>_<subtask:04d>-<sequence:08d>.<ext>
+    .part-<job>_<uid>_<subtask:04d>-<run>-<sequence:08d>.<ext>.a<attempt>-<random>.inprogress
+        -> part-<job>_<uid>_<subtask:04d>-<run>-<sequence:08d>.<ext>
 
 Final names are deterministic: within one job, listing a directory in name order
-gives the committed output in subtask order, then in the order each subtask wrote
-it. The job name and operator uid in the name keep two jobs (or two sinks) writing
-into one directory apart (a short hash is added where a name had to be shortened or
-had characters other than ``[A-Za-z0-9-]``). The job name is the identity: a job run
-again under the same name into the same directory, without restoring, writes the
-same part names again and replaces those files.
+gives the committed output in subtask order, then run by run (``<run>`` is the run id,
+which sorts by start time), then in the order each subtask wrote it. The job name and
+operator uid in the name keep two jobs (or two sinks) writing into one directory apart
+(a short hash is added where a name had to be shortened or had characters other than
+``[A-Za-z0-9-]``). The run in the name keeps runs apart: a job run again under the same
+name into the same directory writes new part files next to the earlier run's, never
+over some of them; a run restored from an earlier one continues with its own names.
 
 * The file is opened at the first write, so an empty transaction leaves no file.
 * ``pre_commit`` closes the encoder (the Parquet footer), closes the file and, on a
@@ -173,7 +174,8 @@ class FileSink(TwoPhaseCommittingSink):
         return f"part-{job}_{uid}_{context.subtask_index:04d}-"
 
     def _names(self, context: SinkContext, sequence: int) -> tuple[str, str]:
-        name = f"{self.transaction_prefix(context)}{sequence:08d}.{self.extension}"
+        run = f"{context.run_tag()}-" if context.run_id else ""
+        name = f"{self.transaction_prefix(context)}{run}{sequence:08d}.{self.extension}"
         # The in-progress name is unique per opening (as in Flink): a subtask of a failed
         # attempt that is not dead yet can never write into its successor's file, even
         # when both open the same sequence number.

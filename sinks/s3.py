@@ -27,9 +27,10 @@ is AbortMultipartUpload ("already gone" is success), and ``abort_lingering``
 lists the open uploads under this subtask's key prefix and aborts those the
 restored checkpoint does not hold.
 
-Keys are ``<prefix>/<job>-<operator uid>-<subtask>-<sequence:08d>.<ext>``: unique
-per job and operator, deterministic per subtask and sequence, so listing the
-prefix gives the committed output in subtask and sequence order.
+Keys are ``<prefix>/<job>-<operator uid>-<subtask>-<run>-<sequence:08d>.<ext>``: unique
+per job, operator and run, deterministic per subtask and sequence, so listing the
+prefix gives the committed output in subtask, run (run ids sort by start time) and
+sequence order; a rerun never writes over an earlier run's objects.
 
 Transient errors (5xx, SlowDown throttling, connection errors) are retried by
 botocore (standard retry mode, ``max_attempts`` 4 unless ``config`` says
@@ -286,7 +287,8 @@ class S3FileSink(TwoPhaseCommittingSink):
         return f"{self.prefix}/{name}" if self.prefix else name
 
     def key_for(self, context: SinkContext, sequence: int) -> str:
-        return f"{self.key_prefix(context)}{sequence:08d}.{self.extension}"
+        run = f"{context.run_tag()}-" if context.run_id else ""
+        return f"{self.key_prefix(context)}{run}{sequence:08d}.{self.extension}"
 
     # --- transactions -------------------------------------------------------------------
 

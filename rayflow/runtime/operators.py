@@ -49,6 +49,7 @@ class OperatorContext:
     hooks: Any = None  # rayflow.runtime.hooks.SubtaskHooks, or None
     checkpointing: bool = False
     fence: Any = None  # rayflow.runtime.fence.AttemptFence of this attempt
+    run_id: str = ""
 
 
 class Operator:
@@ -330,6 +331,7 @@ class SinkOperator(Operator):
                 subtask_index=context.subtask_index,
                 parallelism=context.parallelism,
                 attempt=context.attempt,
+                run_id=context.run_id,
             )
         )
 

@@ -65,6 +65,7 @@ class TwoPhaseCommitSinkOperator(Operator):
             subtask_index=context.subtask_index,
             parallelism=context.parallelism,
             attempt=context.attempt,
+            run_id=context.run_id,
         )
         policy = self.sink.rolling_policy
         self.max_size = policy.max_part_size

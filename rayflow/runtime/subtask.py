@@ -380,6 +380,7 @@ class SubtaskActor:
                     hooks=self.hooks,
                     checkpointing=self.d.checkpointing is not None,
                     fence=self.fence,
+                    run_id=self.d.run_id,
                 )
             )
 

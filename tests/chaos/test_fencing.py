@@ -11,6 +11,8 @@ import os
 import pickle
 import time
 
+import pyarrow as pa
+import pyarrow.json as pjson
 import pytest
 import ray
 
@@ -632,3 +634,40 @@ def test_a_cancel_during_a_job_master_takeover_is_not_lost(tmp_path, monkeypatch
     thread.join(120)
     assert isinstance(ended.get("outcome"), JobCancelledError), ended
     assert client.get_job_status() == "CANCELED"
+
+
+def test_a_rerun_into_the_same_directory_never_writes_over_part_of_the_earlier_run(tmp_path):
+    """Review schedule: the nightly rerun writes into yesterday's directory. Its part
+    files must not replace some of yesterday's (fewer checkpoints, fewer parts): each
+    run's output stays whole, and each run's own files hold exactly its output."""
+    job, out, n = unique_job("same-dir"), tmp_path / "out", 200_000
+    env1, _ = build_keyed_sum(
+        n,
+        P,
+        BATCH,
+        rate=100_000,
+        checkpoint_ms=100,
+        storage=str(tmp_path / "chk"),
+        sink=FileSink(str(out)),
+    )
+    first = env1.execute(job)
+    env2, _ = build_keyed_sum(
+        n,
+        P,
+        BATCH,
+        rate=None,
+        checkpoint_ms=60_000,
+        storage=str(tmp_path / "chk"),
+        sink=FileSink(str(out)),
+    )
+    second = env2.execute(job)
+    names = sorted(p for p in os.listdir(out) if not p.startswith("."))
+    for result in (first, second):
+        mine = [name for name in names if result.run_id[len("run-") :] in name]
+        table = pa.concat_tables(
+            [pjson.read_json(os.path.join(out, name)) for name in mine]
+        ).select(["key", "value"])
+        per_key = rows_per_key(table)
+        assert {k: v[-1] for k, v in per_key.items()} == expected_sums(n)
+        assert table.num_rows == expected_rows(n, P, BATCH)
+    assert read_committed(out, "jsonl").num_rows == 2 * expected_rows(n, P, BATCH)
