@@ -220,12 +220,18 @@ class JobClient:
         """Per-subtask metrics of the running job (records in/out, buffers, in-flight pushes)."""
         return ray.get(self._master.metrics.remote())
 
-    def cancel(self, timeout: float | None = 120.0) -> None:
+    def cancel(self, timeout: float | None = 120.0) -> bool:
         """Cancel the job and return once it is cleaned up: every operator closed, open
         transactions aborted (what completed checkpoints hold is committed), every actor
-        gone. ``wait()`` then raises :class:`~rayflow.errors.JobCancelledError`."""
-        if self._result is not None or self._state is not None:
-            return
+        gone. ``wait()`` then raises :class:`~rayflow.errors.JobCancelledError`.
+
+        Returns True when the job ended cancelled, False when it had ended before the
+        cancel took effect (finished: its result stays available from ``wait()``; or
+        failed)."""
+        if self._result is not None:
+            return False
+        if self._state is not None:
+            return self._state is JobState.CANCELED
         self._cancel_requested = True
         try:
             ray.get(self._master.cancel.remote())
@@ -238,8 +244,12 @@ class JobClient:
                 f"job {self.job_name!r} is still cancelling after {timeout:g} s; "
                 "wait() returns when it is done"
             ) from None
+        except JobCancelledError as exc:
+            self._outcome = exc
+            return True
         except Exception as exc:  # noqa: BLE001 - what wait() raises from now on
             self._outcome = exc
+        return False
 
     def wait(self, timeout: float | None = None) -> JobResult:
         """Block until the job ends; raises :class:`~rayflow.errors.JobFailedError` if it failed."""

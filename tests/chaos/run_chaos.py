@@ -541,7 +541,7 @@ def _seed_body(
         while waiter.is_alive() and completed < 1:
             completed = wait_for_checkpoints(client, 1, timeout_s=1.0)
         if waiter.is_alive():
-            client.cancel()
+            cancelled = client.cancel()
             waiter.join(timeout_s)
             if waiter.is_alive():
                 problems.append(f"cancel: the run did not end within {timeout_s:.0f} s")
@@ -554,11 +554,15 @@ def _seed_body(
                 problems.append(
                     f"cancelled run failed instead: {type(waiter.error).__name__}: {waiter.error}"
                 )
-            else:
+            elif cancelled:
                 first_finished = True
                 problems.append(
-                    "cancel() returned, but the run went on and finished (the cancel was lost)"
+                    "cancel() said cancelled, but the run went on and finished (cancel lost)"
                 )
+            else:
+                # it finished before the cancel took effect (cancel() says so): no resume
+                first_finished = True
+                result.notes.append("the run finished before the cancel took effect")
         else:
             result.notes.append("the run ended before its first checkpoint was seen")
             if waiter.error is not None:

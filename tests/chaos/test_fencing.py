@@ -298,7 +298,7 @@ def test_cancel_leaves_no_open_transaction_and_no_actor(tmp_path):
     env = _file_sum_job(out, 2_000_000, FaultPlan([]), str(tmp_path / "chk"), rate=100_000)
     client = env.execute_async(unique_job("cancel"))
     assert wait_for_checkpoints(client, 2, timeout_s=60) >= 2
-    client.cancel()
+    assert client.cancel() is True
     assert in_progress(out) == []
     assert _job_actors(client.job_id) == []
     with pytest.raises(JobFailedError, match="cancelled"):
@@ -387,7 +387,7 @@ def test_a_job_master_lost_during_a_cancel_never_resumes_the_job(tmp_path):
     env, sink = build_keyed_sum(2_000_000, P, BATCH, rate=100_000, storage=str(tmp_path), sink=sink)
     client = env.execute_async(unique_job("cancel-master"))
     assert wait_for_checkpoints(client, 1, timeout_s=60) >= 1
-    client.cancel()
+    assert client.cancel() is True
     with pytest.raises(JobCancelledError):
         client.wait()
     assert os.path.exists(tmp_path / "killed")
@@ -400,7 +400,7 @@ def test_cancel_after_the_job_master_died_finishes_the_cancel(tmp_path):
     client = env.execute_async(unique_job("cancel-dead-master"))
     assert wait_for_checkpoints(client, 1, timeout_s=60) >= 1
     ray.kill(client._master)
-    client.cancel()
+    assert client.cancel() is True
     with pytest.raises(JobCancelledError):
         client.wait()
     assert _job_actors(client.job_id) == []
@@ -428,7 +428,7 @@ def test_cancel_while_restarting_commits_a_completed_checkpoint_of_a_dead_sink(t
     while client.get_job_status() != "RESTARTING" and time.time() < deadline:
         time.sleep(0.05)
     assert client.get_job_status() == "RESTARTING"
-    client.cancel()
+    assert client.cancel() is True
     with pytest.raises(JobCancelledError):
         client.wait()
     assert in_progress(out) == []
@@ -630,7 +630,7 @@ def test_a_cancel_during_a_job_master_takeover_is_not_lost(tmp_path, monkeypatch
     thread = threading.Thread(target=waiter)
     thread.start()
     assert taking_over.wait(60)
-    client.cancel(timeout=120)
+    assert client.cancel(timeout=120) is True
     thread.join(120)
     assert isinstance(ended.get("outcome"), JobCancelledError), ended
     assert client.get_job_status() == "CANCELED"
