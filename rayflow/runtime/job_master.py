@@ -669,12 +669,9 @@ class JobMaster:
             await kill_and_wait(doomed)
 
     async def _kill_everything(self) -> None:
-        actors = [*self.actors.values(), *self._spare.values()]
+        actors = {**self._spare, **self.actors}
         self.actors, self._spare, self._run_refs = {}, {}, {}
-        try:
-            await kill_and_wait(actors)
-        except ActorsStillAlive as exc:  # their messages are dropped by attempt number
-            log.error("job %r: %s", self.settings.job_name, exc)
+        await self._kill_everything_in(actors)
 
     @staticmethod
     def _kill(actors: Any) -> None:
