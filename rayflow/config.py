@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
+    "CheckpointAlignment",
     "CheckpointingMode",
     "CheckpointConfig",
     "RestartStrategies",
@@ -26,6 +27,21 @@ class CheckpointingMode(enum.Enum):
 
     EXACTLY_ONCE = "exactly-once"
     AT_LEAST_ONCE = "at-least-once"
+
+
+class CheckpointAlignment(enum.Enum):
+    """How EXACTLY_ONCE barriers meet at a subtask with several input channels.
+
+    ALIGNED: a channel that delivered barrier n waits for the others, so a checkpoint
+    under backpressure takes as long as the backlog before the barrier takes to drain.
+    UNALIGNED: the barrier overtakes the queued data; the subtask snapshots at the first
+    barrier and saves the overtaken data as channel state. ALIGNED_WITH_TIMEOUT:
+    aligned, switching to unaligned at a subtask where the barrier is later than the
+    timeout after the checkpoint started."""
+
+    ALIGNED = "aligned"
+    UNALIGNED = "unaligned"
+    ALIGNED_WITH_TIMEOUT = "aligned with timeout"
 
 
 def _default_storage() -> str:
@@ -54,6 +70,16 @@ class CheckpointConfig:
     #: run directories of a job kept in storage (the newest; older ones are deleted when
     #: a new run starts)
     num_retained_runs: int = 10
+    unaligned_checkpoints: bool = False
+    aligned_checkpoint_timeout_ms: int = 0
+
+    @property
+    def alignment(self) -> CheckpointAlignment:
+        if not self.unaligned_checkpoints:
+            return CheckpointAlignment.ALIGNED
+        if self.aligned_checkpoint_timeout_ms > 0:
+            return CheckpointAlignment.ALIGNED_WITH_TIMEOUT
+        return CheckpointAlignment.UNALIGNED
 
     def is_checkpointing_enabled(self) -> bool:
         return self.interval_ms is not None
@@ -116,6 +142,36 @@ class CheckpointConfig:
             raise ValueError(f"retained checkpoints must be >= 1, got {count}")
         self.num_retained_checkpoints = count
         return self
+
+    def enable_unaligned_checkpoints(self, enabled: bool = True) -> CheckpointConfig:
+        """Unaligned checkpoints (EXACTLY_ONCE only): barriers overtake the data queued
+        before them, which is saved as channel state, so a checkpoint under
+        backpressure completes in about the time barriers take to travel instead of the
+        time the backlog takes to drain. Costs: bigger checkpoints (the in-flight data),
+        and a restore from one needs the same parallelism. ``enabled=False`` also clears
+        the aligned checkpoint timeout."""
+        self.unaligned_checkpoints = bool(enabled)
+        if not enabled:
+            self.aligned_checkpoint_timeout_ms = 0
+        return self
+
+    def is_unaligned_checkpoints_enabled(self) -> bool:
+        return self.unaligned_checkpoints
+
+    def set_aligned_checkpoint_timeout(self, timeout_ms: int) -> CheckpointConfig:
+        """Start every checkpoint aligned and switch a subtask to unaligned when its
+        barrier comes later than ``timeout_ms`` after the checkpoint started (Flink's
+        ``execution.checkpointing.aligned-checkpoint-timeout``). A positive timeout
+        enables unaligned checkpoints; 0 makes them unaligned from the start."""
+        if timeout_ms < 0:
+            raise ValueError(f"aligned checkpoint timeout must be >= 0 ms, got {timeout_ms}")
+        self.aligned_checkpoint_timeout_ms = int(timeout_ms)
+        if timeout_ms > 0:
+            self.unaligned_checkpoints = True
+        return self
+
+    def get_aligned_checkpoint_timeout(self) -> int:
+        return self.aligned_checkpoint_timeout_ms
 
     def set_num_retained_runs(self, count: int) -> CheckpointConfig:
         """How many runs of a job keep their checkpoint directory (default 10): when a run

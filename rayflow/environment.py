@@ -26,6 +26,7 @@ from rayflow.keygroups import DEFAULT_MAX_PARALLELISM
 from rayflow.plan.logical import LogicalPlan
 from rayflow.plan.physical import JobGraph, build_job_graph
 from rayflow.runtime.job_master import JobMaster, _unwrap
+from rayflow.runtime.restore import check_channel_state
 from rayflow.runtime.run_lock import acquire_run_lock, release_run_lock
 from rayflow.runtime.settings import JobSettings
 from rayflow.runtime.supervisor import RestartSupervisor
@@ -523,6 +524,13 @@ class StreamExecutionEnvironment:
 
     def get_job_graph(self) -> JobGraph:
         """The physical plan; raises if a sink is asked for more than the job can give."""
+        config = self._checkpoint_config
+        if config.unaligned_checkpoints and config.mode is not CheckpointingMode.EXACTLY_ONCE:
+            raise ValueError(
+                "unaligned checkpoints (enable_unaligned_checkpoints / "
+                "set_aligned_checkpoint_timeout) need CheckpointingMode.EXACTLY_ONCE; "
+                f"the checkpointing mode is {config.mode.name}, which never aligns barriers"
+            )
         graph = build_job_graph(
             self._plan, self._parallelism, self._max_parallelism, self._chaining
         )
@@ -641,6 +649,9 @@ class StreamExecutionEnvironment:
         try:
             if restore_from is not None:
                 settings.initial_restore = self._load_restore(job_name, restore_from)
+                check_channel_state(
+                    graph, settings.initial_restore, f"restore_from={restore_from!r}"
+                )
             if config.is_checkpointing_enabled():
                 jobs = JobStorage(config.checkpoint_storage, job_name, config.storage_options)
                 source = settings.initial_restore.run_id if settings.initial_restore else None

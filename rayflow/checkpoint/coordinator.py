@@ -444,6 +444,7 @@ class CheckpointCoordinator:
                 uids=tuple(uids),
                 parallelism=vertex.parallelism,
                 vertex=vertex.name,
+                channel_state_size=info.get("channel_state_size", 0),
             )
         return CheckpointMetadata(
             checkpoint_id=pending.checkpoint_id,
@@ -474,11 +475,24 @@ class CheckpointCoordinator:
                 "trigger_time": pending.trigger_time,
                 "duration_s": end - pending.trigger_time,
                 "size": sum(a["size"] for a in pending.acks.values()),
+                "channel_state_size": sum(
+                    a.get("channel_state_size", 0) for a in pending.acks.values()
+                ),
+                "unaligned": any(a.get("unaligned") for a in pending.acks.values()),
                 "failure": reason,
                 "subtasks": {
                     f"{self.graph.vertices[k[0]].name}#{k[1]}": {
                         n: a.get(n)
-                        for n in ("start_delay_s", "alignment_s", "sync_s", "async_s", "size")
+                        for n in (
+                            "start_delay_s",
+                            "alignment_s",
+                            "sync_s",
+                            "async_s",
+                            "size",
+                            "unaligned",
+                            "channel_state_size",
+                            "channel_state_wait_s",
+                        )
                     }
                     for k, a in pending.acks.items()
                 },

@@ -43,6 +43,8 @@ class SubtaskStateMeta:
     uids: tuple[str, ...]
     parallelism: int
     vertex: str
+    #: bytes of in-flight data saved with an unaligned snapshot (0: aligned)
+    channel_state_size: int = 0
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,10 @@ class CheckpointMetadata:
     def size(self) -> int:
         return sum(s.size for s in self.subtasks.values())
 
+    @property
+    def has_channel_state(self) -> bool:
+        return any(s.channel_state_size for s in self.subtasks.values())
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "format_version": self.format_version,
@@ -79,6 +85,7 @@ class CheckpointMetadata:
                     "uids": list(s.uids),
                     "parallelism": s.parallelism,
                     "vertex": s.vertex,
+                    "channel_state_size": s.channel_state_size,
                 }
                 for key, s in self.subtasks.items()
             },
@@ -112,6 +119,7 @@ class CheckpointMetadata:
                         uids=tuple(e["uids"]),
                         parallelism=int(e["parallelism"]),
                         vertex=e.get("vertex", ""),
+                        channel_state_size=int(e.get("channel_state_size", 0)),
                     )
                     for key, e in raw.get("subtasks", {}).items()
                 },

@@ -10,17 +10,29 @@ Per channel, at most ``window`` messages are in flight and ``capacity`` are
 buffered: memory stays bounded whatever the speed of the receiver.
 
 Messages of another attempt (a previous incarnation of the job) are dropped.
+
+For unaligned checkpoints the gate also knows, per channel, the sequence number of the
+next message the subtask will take (``taken``) and the messages that arrived but wait
+for buffer space; a :class:`ChannelRecorder` registered with :meth:`InputGate.record`
+is handed every message of a channel range, whether already buffered, waiting, or
+arriving later (see :mod:`rayflow.runtime.channel_state`).
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import deque
-from typing import Any
+from typing import Any, Protocol
 
 import ray
 
 CONTROL = -1
+
+
+class ChannelRecorder(Protocol):
+    """Takes the messages of some sequence range of some channels (channel state)."""
+
+    def offer(self, channel: int, seq: int, item: Any) -> None: ...
 
 
 class InputGate:
@@ -45,21 +57,36 @@ class InputGate:
         self._buffered = 0
         self.max_buffered = 0
         self._closed = False
+        #: per channel, the sequence number of the next message ``next()`` hands out
+        self.taken = [0] * num_channels
+        #: per channel, messages that arrived and wait for buffer space, by sequence number
+        self._waiting: list[dict[int, Any]] = [{} for _ in range(num_channels)]
+        self._recorders: list[ChannelRecorder] = []
 
     async def push(self, channel: int, seq: int, item: Any) -> None:
         """Admit message ``seq`` of ``channel`` in order; waits while the buffer is full."""
         buffer, next_seq, capacity = self._buffers[channel], self._next_seq, self.capacity
         space = self._space[channel]
-        async with space:
-            if not (next_seq[channel] == seq and len(buffer) < capacity):
-                await space.wait_for(
-                    lambda: self._closed or (next_seq[channel] == seq and len(buffer) < capacity)
-                )
-            if self._closed:
-                return
-            buffer.append(item)
-            next_seq[channel] = seq + 1
-            space.notify_all()
+        # Visible to a recorder from here on, before anything can wait.
+        waiting = self._waiting[channel]
+        waiting[seq] = item
+        for recorder in self._recorders:
+            recorder.offer(channel, seq, item)
+        try:
+            async with space:
+                if not (next_seq[channel] == seq and len(buffer) < capacity):
+                    await space.wait_for(
+                        lambda: (
+                            self._closed or (next_seq[channel] == seq and len(buffer) < capacity)
+                        )
+                    )
+                if self._closed:
+                    return
+                buffer.append(item)
+                next_seq[channel] = seq + 1
+                space.notify_all()
+        finally:
+            del waiting[seq]
         self._buffered += 1
         if self._buffered > self.max_buffered:
             self.max_buffered = self._buffered
@@ -98,11 +125,28 @@ class InputGate:
         if channel == CONTROL:
             return CONTROL, self._control.popleft()
         item = self._buffers[channel].popleft()
+        self.taken[channel] += 1
         self._buffered -= 1
         space = self._space[channel]
         async with space:
             space.notify_all()
         return channel, item
+
+    def record(self, recorder: ChannelRecorder) -> None:
+        """From now on hand ``recorder`` every message that arrives; first, every message
+        already here that the subtask has not taken (buffered or waiting for space)."""
+        for channel in range(self.num_channels):
+            seq = self.taken[channel]
+            for item in self._buffers[channel]:
+                recorder.offer(channel, seq, item)
+                seq += 1
+            for seq, item in sorted(self._waiting[channel].items()):
+                recorder.offer(channel, seq, item)
+        self._recorders.append(recorder)
+
+    def stop_recording(self, recorder: ChannelRecorder) -> None:
+        if recorder in self._recorders:
+            self._recorders.remove(recorder)
 
     def block(self, channel: int) -> None:
         """Stop delivering ``channel`` (barrier alignment); pushes still buffer up to capacity."""
@@ -139,6 +183,11 @@ class OutputChannel:
         self._seq = 0
         self._in_flight: deque[ray.ObjectRef] = deque()
         self.max_in_flight = 0
+
+    @property
+    def position(self) -> int:
+        """How many messages were sent on this channel (the next one's sequence number)."""
+        return self._seq
 
     async def send(self, message: Any) -> None:
         in_flight = self._in_flight

@@ -83,6 +83,10 @@ class Deployer:
             channel_capacity=settings.channel_capacity,
             send_window=settings.send_window,
             checkpointing=settings.checkpoint_config.mode if settings.checkpointing else None,
+            alignment=settings.checkpoint_config.alignment,
+            aligned_checkpoint_timeout_s=(
+                settings.checkpoint_config.aligned_checkpoint_timeout_ms / 1000.0
+            ),
             storage=self.storage,
             master=master,
             restore=state_handles(vertex, meta, restore.refs if restore else None),

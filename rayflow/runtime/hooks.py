@@ -20,6 +20,8 @@ class HookPoint(str, enum.Enum):
     DURING_ALIGNMENT = "during-alignment"
     AFTER_SNAPSHOT = "after-snapshot"
     DURING_BLOB_WRITE = "during-blob-write"  # in the blob-writing thread, before the write
+    # in the blob-writing thread, before writing a blob that holds channel state
+    DURING_CHANNEL_STATE_WRITE = "during-channel-state-write"
     DURING_RECOVER = "during-recover"  # in the recover thread, before lingering aborts
     DURING_STATE_LOAD = "during-state-load"  # in a thread, before a restore reads its blobs
     SINK_BEFORE_PRE_COMMIT = "sink-before-pre-commit"

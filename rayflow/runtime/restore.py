@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from rayflow.checkpoint.metadata import CheckpointMetadata
-from rayflow.plan.physical import VertexSpec
+from rayflow.plan.physical import JobGraph, VertexSpec
 
-__all__ = ["StateHandle", "assign_source_splits", "state_handles"]
+__all__ = ["StateHandle", "assign_source_splits", "check_channel_state", "state_handles"]
 
 
 @dataclass
@@ -39,6 +39,31 @@ def assign_source_splits(vertex: VertexSpec, restore: CheckpointMetadata | None)
     for i, split in enumerate(splits):
         per_subtask[i % vertex.parallelism].append(split)
     return per_subtask
+
+
+def check_channel_state(graph: JobGraph, restore: CheckpointMetadata, where: str) -> None:
+    """Refuse to restore an unaligned checkpoint's channel state into another job graph:
+    in-flight data is addressed by input channel, and channels change with the
+    parallelism (of the receiver and of every sender)."""
+    if not restore.has_channel_state:
+        return
+    old = {s.vertex: s.parallelism for s in restore.subtasks.values()}
+    new = {v.name: v.parallelism for v in graph.vertices.values()}
+    changes = [
+        f"{name!r} {old.get(name, 'absent')} -> {new.get(name, 'absent')}"
+        for name in sorted(set(old) | set(new))
+        if old.get(name) != new.get(name)
+    ]
+    if changes:
+        size = sum(s.channel_state_size for s in restore.subtasks.values())
+        raise ValueError(
+            f"{where}: checkpoint {restore.checkpoint_id} is unaligned (it holds {size:,} "
+            "bytes of in-flight data as channel state), and channel state cannot be "
+            "redistributed to another job graph or parallelism (changed: "
+            f"{', '.join(changes)}). Restore it at the parallelism it was taken with, then "
+            "take an aligned checkpoint (run with unaligned checkpoints off; the final "
+            "checkpoint of a job that ends is always aligned) and rescale from that one."
+        )
 
 
 def state_handles(

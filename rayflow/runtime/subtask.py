@@ -34,11 +34,24 @@ import pyarrow as pa
 import ray
 
 from rayflow.checkpoint.storage import CheckpointStorage
-from rayflow.config import CheckpointingMode
+from rayflow.config import CheckpointAlignment, CheckpointingMode
 from rayflow.errors import OperatorError
 from rayflow.plan.partitioners import Partitioner, PartitionerSpec
 from rayflow.plan.physical import VertexSpec
-from rayflow.runtime.barriers import AlignedBarrierHandler, TrackingBarrierHandler
+from rayflow.runtime.barriers import (
+    BarrierHandler,
+    Snapshot,
+    aligned_handler,
+    alternating_handler,
+    tracking_handler,
+    unaligned_handler,
+)
+from rayflow.runtime.channel_state import (
+    ChannelStateRecorder,
+    channel_state_size,
+    decode_snapshot,
+    encode_snapshot,
+)
 from rayflow.runtime.channels import CONTROL, InputGate, OutputChannel
 from rayflow.runtime.events import CheckpointBarrier, EndOfInput
 from rayflow.runtime.fence import AttemptFence
@@ -72,6 +85,8 @@ class SubtaskDeployment:
     channel_capacity: int = 8
     send_window: int = 8
     checkpointing: CheckpointingMode | None = None
+    alignment: CheckpointAlignment = CheckpointAlignment.ALIGNED
+    aligned_checkpoint_timeout_s: float = 0.0
     storage: CheckpointStorage | None = None
     master: Any = None
     restore: list[StateHandle] = field(default_factory=list)
@@ -97,6 +112,28 @@ class _Abort:
     checkpoint_id: int
 
 
+@dataclass(frozen=True)
+class _Announcement:
+    channel: int
+    barrier: CheckpointBarrier
+    position: int
+
+
+@dataclass(frozen=True)
+class _AlignmentTimer:
+    checkpoint_id: int
+
+
+@dataclass
+class _UnalignedSnapshot:
+    """An unaligned snapshot whose channel state is still arriving."""
+
+    operator_blob: bytes
+    info: dict[str, Any]
+    recorder: ChannelStateRecorder
+    taken_at: float
+
+
 class _RecordWriter:
     def __init__(self, output: OutputDeployment, index: int, attempt: int, window: int):
         self.channels = [OutputChannel(h, c, attempt, window) for h, c in output.receivers]
@@ -114,6 +151,14 @@ class _RecordWriter:
     async def broadcast(self, event: Any) -> None:
         for channel in self.channels:
             await channel.send(event)
+
+    def announce(self, barrier: CheckpointBarrier) -> None:
+        """Send ``barrier`` out of band on every channel, with the position it belongs at
+        (after every message sent so far); nothing is awaited."""
+        for channel in self.channels:
+            channel.receiver.announce_barrier.remote(
+                channel.attempt, channel.channel, barrier, channel.position
+            )
 
     async def flush(self) -> None:
         for channel in self.channels:
@@ -143,11 +188,9 @@ class SubtaskActor:
         ]
         self.fence = AttemptFence(deployment.run_id, self.attempt)
         self.operators: list[Operator] = [spec.factory() for spec in vertex.operators]
-        self.barriers = (
-            TrackingBarrierHandler(self.gate)
-            if deployment.checkpointing is CheckpointingMode.AT_LEAST_ONCE
-            else AlignedBarrierHandler(self.gate)
-        )
+        self.barriers = self._barrier_handler(deployment)
+        self._unaligned: dict[int, _UnalignedSnapshot] = {}
+        self._replay: list[tuple[int, pa.RecordBatch]] = []
         self.hooks = deployment.hooks
         self._current_operator = vertex.name
         self._final_checkpoint: int | None = None
@@ -167,6 +210,29 @@ class SubtaskActor:
             "finished_at": None,
         }
 
+    def _barrier_handler(self, d: SubtaskDeployment) -> BarrierHandler:
+        if d.checkpointing is CheckpointingMode.AT_LEAST_ONCE:
+            return tracking_handler(self.gate)
+        if d.alignment is CheckpointAlignment.UNALIGNED:
+            return unaligned_handler(self.gate, self._channel_state_done, self._abandoned)
+        if d.alignment is CheckpointAlignment.ALIGNED_WITH_TIMEOUT:
+            return alternating_handler(
+                self.gate,
+                d.aligned_checkpoint_timeout_s,
+                self._schedule_alignment_timer,
+                self._channel_state_done,
+                self._abandoned,
+            )
+        return aligned_handler(self.gate)
+
+    @property
+    def _announces(self) -> bool:
+        """Barriers are announced out of band (unaligned checkpoints may happen)."""
+        return (
+            self.d.checkpointing is CheckpointingMode.EXACTLY_ONCE
+            and self.d.alignment is not CheckpointAlignment.ALIGNED
+        )
+
     # --- calls from other actors --------------------------------------------------------
 
     async def push(self, channel: int, seq: int, attempt: int, message: Any) -> None:
@@ -183,6 +249,17 @@ class SubtaskActor:
         if attempt == self.attempt:
             await self._on_mailbox_loop(
                 self.gate.put_control(_Trigger(checkpoint_id, timestamp, final))
+            )
+
+    @ray.method(concurrency_group=CONTROL_GROUP)
+    async def announce_barrier(
+        self, attempt: int, channel: int, barrier: CheckpointBarrier, position: int
+    ) -> None:
+        """Barrier ``barrier`` belongs after the sender's first ``position`` messages on
+        ``channel`` (unaligned checkpoints): it overtakes whatever is queued."""
+        if attempt == self.attempt:
+            await self._on_mailbox_loop(
+                self.gate.put_control(_Announcement(channel, barrier, position))
             )
 
     @ray.method(concurrency_group=CONTROL_GROUP)
@@ -407,7 +484,19 @@ class SubtaskActor:
                     blob = None
             if blob is None:
                 blob = await self._in_thread(self.d.storage.read_blob, handle.path)
-            snapshots.append((handle, pickle.loads(blob)))
+            states, channel_state = decode_snapshot(blob)
+            snapshots.append((handle, states))
+            if channel_state and handle.old_index == self.index:
+                if handle.old_parallelism != self.parallelism:
+                    raise RuntimeError(
+                        f"{self.name!r}: the checkpoint holds channel state (it was "
+                        "unaligned) and cannot be restored at another parallelism"
+                    )
+                self._replay = [
+                    (channel, batch)
+                    for channel in sorted(channel_state)
+                    for batch in channel_state[channel]
+                ]
         for spec, op in zip(self.d.vertex.operators, self.operators):
             self._current_operator = spec.name
             if getattr(op, "keyed", False):
@@ -469,18 +558,24 @@ class SubtaskActor:
     async def _run_inputs(self) -> None:
         open_channels = self.gate.num_channels
         checkpointing = self.d.checkpointing is not None
+        # Channel state of an unaligned checkpoint first, in channel order.
+        replay, self._replay = self._replay, []
+        for _, batch in replay:
+            self._count_in(batch)
+            await self._process(batch)
         while not self._finished:
             channel, message = await self.gate.next()
             if isinstance(message, pa.RecordBatch):
                 self._count_in(message)
                 await self._process(message)
+                # Let the loop run: control messages (announced barriers, triggers) hop
+                # here from another thread, and pushes wait to be admitted.
+                await asyncio.sleep(0)
             elif isinstance(message, CheckpointBarrier):
                 if self.hooks and self.barriers.aligning is False and self.gate.num_channels > 1:
                     self.hooks.at(HookPoint.DURING_ALIGNMENT)
-                barrier = self.barriers.on_barrier(channel, message)
-                if barrier is not None:
-                    await self._checkpoint(barrier)
-                    await self.barriers.resume()
+                seq = self.gate.taken[channel] - 1
+                await self._take(self.barriers.on_barrier(channel, seq, message))
             elif isinstance(message, EndOfInput):
                 open_channels -= 1
                 if open_channels == 0:
@@ -497,14 +592,29 @@ class SubtaskActor:
         if self.hooks is not None:
             self.hooks.after_records(m["records_in"])
 
+    async def _take(self, decision: Snapshot | None) -> None:
+        if decision is not None:
+            await self._checkpoint(decision.barrier, decision.recorder)
+            await self.barriers.resume()
+
     async def _on_control(self, item: Any) -> None:
-        if isinstance(item, _Trigger):
+        if isinstance(item, _Announcement):
+            if self.hooks and self.barriers.aligning is False and self.gate.num_channels > 1:
+                self.hooks.at(HookPoint.DURING_ALIGNMENT)
+            await self._take(
+                self.barriers.on_announcement(item.channel, item.barrier, item.position)
+            )
+        elif isinstance(item, _AlignmentTimer):
+            await self._take(self.barriers.on_timer(item.checkpoint_id))
+        elif isinstance(item, _Trigger):
             await self._checkpoint(
                 CheckpointBarrier(item.checkpoint_id, item.timestamp, item.final)
             )
         elif isinstance(item, _Complete):
             for old in [c for c in self._blobs if c < item.checkpoint_id]:
                 del self._blobs[old]
+            for old in [c for c in self._unaligned if c < item.checkpoint_id]:
+                self._drop_unaligned(old)
             for spec, op in zip(self.d.vertex.operators, self.operators):
                 self._current_operator = spec.name
                 op.notify_checkpoint_complete(item.checkpoint_id)
@@ -512,6 +622,7 @@ class SubtaskActor:
                 self._finished = True
         elif isinstance(item, _Abort):
             await self.barriers.abort(item.checkpoint_id)
+            self._drop_unaligned(item.checkpoint_id)
             for op in self.operators:
                 notify = getattr(op, "notify_checkpoint_aborted", None)
                 if notify is not None:
@@ -550,7 +661,11 @@ class SubtaskActor:
 
     # --- checkpoints --------------------------------------------------------------------
 
-    async def _checkpoint(self, barrier: CheckpointBarrier) -> None:
+    async def _checkpoint(
+        self, barrier: CheckpointBarrier, recorder: ChannelStateRecorder | None = None
+    ) -> None:
+        """Snapshot every operator for ``barrier`` and forward it; with ``recorder`` (an
+        unaligned snapshot) the blob is written once the channel state is complete."""
         cid = barrier.checkpoint_id
         started = time.time()
         timing = self.barriers.last_timing if not self.d.vertex.is_source else None
@@ -565,8 +680,12 @@ class SubtaskActor:
             self._final_checkpoint = cid
         if self.hooks is not None:
             self.hooks.at(HookPoint.AFTER_SNAPSHOT)
-        for writer in self.writers:
-            await writer.broadcast(barrier)
+        if self._announces and not barrier.final:
+            for writer in self.writers:
+                writer.announce(barrier)
+        if self.d.alignment is not CheckpointAlignment.UNALIGNED or barrier.final:
+            for writer in self.writers:
+                await writer.broadcast(barrier)
         self.metrics_["checkpoints"] += 1
         info = {
             "start_delay_s": timing.start_delay_s
@@ -577,7 +696,56 @@ class SubtaskActor:
             "size": len(blob),
             "uids": list(snapshot),
             "source_splits": splits,
+            "unaligned": recorder is not None,
+            "channel_state_size": 0,
         }
+        if recorder is None:
+            self._start_async_part(cid, blob, info)
+            return
+        self._unaligned[cid] = _UnalignedSnapshot(blob, info, recorder, time.time())
+        if recorder.done:
+            self._channel_state_done(recorder)
+
+    # --- unaligned checkpoints ----------------------------------------------------------
+
+    def _channel_state_done(self, recorder: ChannelStateRecorder) -> None:
+        """Every message in flight before the barrier arrived: write the blob."""
+        pending = self._unaligned.pop(recorder.checkpoint_id, None)
+        if pending is None:  # the snapshot is being taken; it checks ``done`` itself
+            return
+        self.gate.stop_recording(recorder)
+        channel_state = recorder.channel_state()
+        blob = encode_snapshot(pending.operator_blob, channel_state)
+        info = pending.info
+        info["size"] = len(blob)
+        info["channel_state_size"] = channel_state_size(channel_state)
+        info["channel_state_batches"] = sum(len(b) for b in channel_state.values())
+        info["channel_state_wait_s"] = time.time() - pending.taken_at
+        self._start_async_part(recorder.checkpoint_id, blob, info)
+
+    def _drop_unaligned(self, checkpoint_id: int) -> None:
+        pending = self._unaligned.pop(checkpoint_id, None)
+        if pending is not None:
+            pending.recorder.abandon()
+            self.gate.stop_recording(pending.recorder)
+
+    def _abandoned(self, checkpoint_id: int, why: str) -> None:
+        """The handler gave up an unaligned checkpoint before its channel state was
+        complete: it cannot be acknowledged, so decline it."""
+        if checkpoint_id in self._unaligned:
+            self._drop_unaligned(checkpoint_id)
+            if self.d.master is not None:
+                self.d.master.decline_checkpoint.remote(self.attempt, checkpoint_id, self.key, why)
+
+    def _schedule_alignment_timer(self, checkpoint_id: int, delay_s: float) -> None:
+        gate = self.gate
+
+        def fire() -> None:
+            asyncio.ensure_future(gate.put_control(_AlignmentTimer(checkpoint_id)))
+
+        asyncio.get_running_loop().call_later(delay_s, fire)
+
+    def _start_async_part(self, cid: int, blob: bytes, info: dict[str, Any]) -> None:
         task = asyncio.ensure_future(self._async_part(cid, blob, info))
         self._async_parts.add(task)
         task.add_done_callback(self._async_parts.discard)
@@ -588,9 +756,13 @@ class SubtaskActor:
         name = CheckpointStorage.blob_name(self.attempt, vertex_id, index)
         hooks = self.hooks
 
+        with_channel_state = bool(info.get("channel_state_size"))
+
         def write() -> str:
             if hooks is not None:
                 hooks.at(HookPoint.DURING_BLOB_WRITE)
+                if with_channel_state:
+                    hooks.at(HookPoint.DURING_CHANNEL_STATE_WRITE)
             return self.d.storage.write_blob(cid, name, blob)
 
         try:

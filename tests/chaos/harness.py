@@ -10,7 +10,7 @@ import numpy as np
 import pyarrow as pa
 
 from rayflow import NumberSequenceSource, StreamExecutionEnvironment
-from rayflow.config import CheckpointingMode, RestartStrategies
+from rayflow.config import CheckpointAlignment, CheckpointingMode, RestartStrategies
 from rayflow.testing import FaultPlan, inject_faults
 from sinks.basic import CollectSink
 
@@ -19,6 +19,18 @@ KEYS = 1000
 
 def with_key(batch: pa.RecordBatch) -> pa.RecordBatch:
     return batch.append_column("key", pa.array(batch.column("value").to_numpy() % KEYS))
+
+
+class HotKeyDelay:
+    """Sleeps ``seconds`` per batch that holds key 0: the subtask owning it is slow."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def __call__(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        if self.seconds and (batch.column("key").to_numpy() == 0).any():
+            time.sleep(self.seconds)
+        return batch
 
 
 def expected_sums(n: int) -> dict[int, int]:
@@ -46,12 +58,23 @@ def build_keyed_sum(
     storage: str | None = None,
     restart_delay_ms: int = 50,
     plan: FaultPlan | None = None,
+    alignment: CheckpointAlignment = CheckpointAlignment.ALIGNED,
+    alignment_timeout_ms: int = 50,
+    hot_delay_s: float = 0.0,
 ) -> tuple[StreamExecutionEnvironment, CollectSink]:
+    """The keyed running sum. ``alignment`` picks aligned, unaligned or aligned-with-
+    timeout checkpoints; ``hot_delay_s`` makes the sum subtask that owns key 0 sleep that
+    long per batch, so its input channels back up (skew, real backpressure)."""
     env = StreamExecutionEnvironment.get_execution_environment().set_parallelism(parallelism)
     if checkpoint_ms is not None:
         env.enable_checkpointing(checkpoint_ms, mode)
+        config = env.get_checkpoint_config()
         if storage is not None:
-            env.get_checkpoint_config().set_checkpoint_storage(storage)
+            config.set_checkpoint_storage(storage)
+        if alignment is CheckpointAlignment.UNALIGNED:
+            config.enable_unaligned_checkpoints()
+        elif alignment is CheckpointAlignment.ALIGNED_WITH_TIMEOUT:
+            config.set_aligned_checkpoint_timeout(alignment_timeout_ms)
     env.set_restart_strategy(RestartStrategies.fixed_delay_restart(10, restart_delay_ms))
     if plan is not None:
         inject_faults(env, plan)
@@ -66,6 +89,7 @@ def build_keyed_sum(
         .key_by("key")
         .sum("value")
         .uid("running-sum")
+        .map_batches(HotKeyDelay(hot_delay_s), name="hot-key")
         .sink_to(sink, name="committed")
         .uid("committed")
     )
