@@ -272,6 +272,16 @@ class BarrierHandler:
         checkpoint = self._checkpoint_for(barrier)
         if checkpoint is None or channel in checkpoint.positions:
             return None
+        recorder = checkpoint.recorder
+        start = recorder.start(channel) if recorder is not None else self.gate.taken[channel]
+        if position < start:
+            # Data after the barrier was already taken: no consistent snapshot of this
+            # checkpoint is possible here (the in-band barrier rules this out; never
+            # acknowledge one that would hold records twice).
+            self._give_up(
+                checkpoint, f"barrier {barrier.checkpoint_id} came after its data", decline=True
+            )
+            return None
         checkpoint.positions[channel] = position
         return self._step(lambda: self.state.announcement_received(self, channel))
 
@@ -371,15 +381,18 @@ class BarrierHandler:
         self._current = _Checkpoint(barrier, time.time())
         return self._current
 
-    def _give_up(self, checkpoint: _Checkpoint, why: str) -> None:
+    def _give_up(self, checkpoint: _Checkpoint, why: str, decline: bool = False) -> None:
+        """Drop ``checkpoint``; ``on_abandon`` (which declines it) when channel state was
+        being recorded for it or when ``decline``."""
         self.state = self.state.aborted(self)
         self._current = None
         recorder = checkpoint.recorder
         if recorder is not None and not recorder.done:
             recorder.abandon()
             self.gate.stop_recording(recorder)
-            if self._on_abandon is not None:
-                self._on_abandon(checkpoint.checkpoint_id, why)
+            decline = True
+        if decline and self._on_abandon is not None:
+            self._on_abandon(checkpoint.checkpoint_id, why)
 
     def _step(self, transition: Callable[[], BarrierHandlerState]) -> Snapshot | None:
         self._decision = None

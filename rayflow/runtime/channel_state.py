@@ -85,6 +85,9 @@ class ChannelStateRecorder:
             del items[seq]
         self._check(channel)
 
+    def start(self, channel: int) -> int:
+        return self._start[channel]
+
     def end_known(self, channel: int) -> bool:
         return self._end[channel] is not None
 

@@ -70,7 +70,7 @@ class InputGate:
         # Visible to a recorder from here on, before anything can wait.
         waiting = self._waiting[channel]
         waiting[seq] = item
-        for recorder in self._recorders:
+        for recorder in list(self._recorders):  # a completing recorder leaves the list
             recorder.offer(channel, seq, item)
         try:
             async with space:

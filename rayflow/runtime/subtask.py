@@ -683,9 +683,11 @@ class SubtaskActor:
         if self._announces and not barrier.final:
             for writer in self.writers:
                 writer.announce(barrier)
-        if self.d.alignment is not CheckpointAlignment.UNALIGNED or barrier.final:
-            for writer in self.writers:
-                await writer.broadcast(barrier)
+        # The barrier also goes in band, also when announced: an announcement may come
+        # after data that follows it, and the receiver must not take that data before
+        # it has snapshotted (it snapshots at whichever of the two comes first).
+        for writer in self.writers:
+            await writer.broadcast(barrier)
         self.metrics_["checkpoints"] += 1
         info = {
             "start_delay_s": timing.start_delay_s
@@ -730,12 +732,11 @@ class SubtaskActor:
             self.gate.stop_recording(pending.recorder)
 
     def _abandoned(self, checkpoint_id: int, why: str) -> None:
-        """The handler gave up an unaligned checkpoint before its channel state was
-        complete: it cannot be acknowledged, so decline it."""
-        if checkpoint_id in self._unaligned:
-            self._drop_unaligned(checkpoint_id)
-            if self.d.master is not None:
-                self.d.master.decline_checkpoint.remote(self.attempt, checkpoint_id, self.key, why)
+        """The handler gave up an unaligned checkpoint (its channel state incomplete, or
+        no consistent snapshot possible): it cannot be acknowledged, so decline it."""
+        self._drop_unaligned(checkpoint_id)
+        if self.d.master is not None:
+            self.d.master.decline_checkpoint.remote(self.attempt, checkpoint_id, self.key, why)
 
     def _schedule_alignment_timer(self, checkpoint_id: int, delay_s: float) -> None:
         gate = self.gate
