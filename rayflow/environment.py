@@ -593,6 +593,7 @@ class StreamExecutionEnvironment:
                 sink.delivery_guarantee,
                 config.is_checkpointing_enabled(),
                 config.mode.value,
+                config.alignment.value,
             )
             for vertex in graph.vertices.values()
             for spec in vertex.operators
@@ -609,6 +610,10 @@ class StreamExecutionEnvironment:
                 f"\ncheckpointing: {config.mode.name} every {config.interval_ms} ms "
                 f"to {config.checkpoint_storage}"
             )
+            if config.mode is CheckpointingMode.EXACTLY_ONCE:
+                text += f", {config.alignment.value}"
+                if config.aligned_checkpoint_timeout_ms:
+                    text += f" ({config.aligned_checkpoint_timeout_ms} ms)"
         else:
             text += "\ncheckpointing: off"
         for name, words in self.guarantees().items():

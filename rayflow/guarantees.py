@@ -42,14 +42,23 @@ _WORDS = {
 }
 
 
-def end_to_end(sink_guarantee: DeliveryGuarantee, checkpointing: bool, mode: str | None) -> str:
+def end_to_end(
+    sink_guarantee: DeliveryGuarantee,
+    checkpointing: bool,
+    mode: str | None,
+    alignment: str = "aligned",
+) -> str:
     """What a job promises, in words, for one sink: never more than holds."""
     if (
         sink_guarantee is DeliveryGuarantee.EXACTLY_ONCE
         and checkpointing
         and (mode == "exactly-once")
     ):
-        return "exactly-once effect: exactly-once state (aligned checkpoints) + two-phase commit"
+        how = {
+            "unaligned": "unaligned checkpoints: in-flight data saved as channel state",
+            "aligned with timeout": "checkpoints aligned, unaligned after the alignment timeout",
+        }.get(alignment, "aligned checkpoints")
+        return f"exactly-once effect: exactly-once state ({how}) + two-phase commit"
     if sink_guarantee is DeliveryGuarantee.AT_LEAST_ONCE and checkpointing:
         return "at-least-once: replay from the last checkpoint may write records again"
     if sink_guarantee is DeliveryGuarantee.EXACTLY_ONCE and checkpointing:
