@@ -1,10 +1,15 @@
-"""LatencyTracker: percentiles, the bounded reservoir, merging."""
+"""LatencyTracker: percentiles, the bounded reservoir, merging; and the latency tracking
+interval, from the environment to every subtask's deployment."""
 
 from __future__ import annotations
 
 import pytest
 
+from rayflow import NumberSequenceSource, StreamExecutionEnvironment
+from rayflow.runtime.deployer import Deployer
 from rayflow.runtime.latency import LatencyTracker
+from rayflow.runtime.settings import JobSettings
+from sinks.basic import CollectSink
 
 
 def _tracker(values, capacity: int = 2000, seed: int = 0) -> LatencyTracker:
@@ -83,3 +88,26 @@ def test_merging_small_trackers_keeps_everything():
     merged = LatencyTracker.merged(parts)
     assert merged.count == 15
     assert sorted(merged.samples_ms()) == sorted(float(i) for i in range(5) for _ in range(3))
+
+
+def test_latency_tracking_interval_is_validated():
+    env = StreamExecutionEnvironment.get_execution_environment()
+    assert env.get_latency_tracking_interval() == 200
+    assert env.set_latency_tracking_interval(0) is env
+    assert env.get_latency_tracking_interval() == 0
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="interval_ms must be an int >= 0"):
+            env.set_latency_tracking_interval(bad)
+
+
+def test_the_interval_reaches_every_subtask_deployment():
+    env = StreamExecutionEnvironment.get_execution_environment().set_parallelism(2)
+    env.from_source(NumberSequenceSource(0, 99), "numbers").key_by("value").sink_to(
+        CollectSink(), name="out"
+    )
+    graph = env.get_job_graph()
+    deployer = Deployer(graph, JobSettings("job", latency_tracking_interval_ms=35), None)
+    for vertex in graph.vertices.values():
+        deployment = deployer.deployment(vertex, 0, 0, None, [])
+        assert deployment.latency_tracking_interval_ms == 35
+    assert JobSettings("job").latency_tracking_interval_ms == 200
