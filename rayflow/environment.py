@@ -26,6 +26,7 @@ from rayflow.keygroups import DEFAULT_MAX_PARALLELISM
 from rayflow.plan.logical import LogicalPlan
 from rayflow.plan.physical import JobGraph, build_job_graph
 from rayflow.runtime.job_master import JobMaster, _unwrap
+from rayflow.runtime.latency import DEFAULT_LATENCY_TRACKING_INTERVAL_MS, LatencyTracker
 from rayflow.runtime.restore import check_channel_state
 from rayflow.runtime.run_lock import acquire_run_lock, release_run_lock
 from rayflow.runtime.settings import JobSettings
@@ -70,6 +71,12 @@ class JobResult:
     #: counts of every checkpoint of the run by status, and running duration figures
     #: (``checkpoints`` holds only the most recent ones)
     checkpoint_summary: dict[str, Any] = field(default_factory=dict)
+    #: end-to-end latency of the latency markers that reached the job's sink-end
+    #: subtasks, merged over all of them: ``count``, ``p50_ms``, ``p90_ms``, ``p99_ms``,
+    #: ``max_ms`` (count 0 when latency tracking is off)
+    latency: dict[str, float] = field(default_factory=dict)
+    #: a bounded uniform sample of those latencies in milliseconds (for a CDF)
+    latency_samples_ms: list[float] = field(default_factory=list)
 
     @property
     def completed_checkpoints(self) -> list[dict[str, Any]]:
@@ -388,15 +395,23 @@ def _kill_job_actors(job_id: str, timeout_s: float = 30.0) -> None:
 def _build_result(job_name: str, graph: JobGraph, raw: dict[str, Any]) -> JobResult:
     metrics: list[dict[str, Any]] = []
     sink_results: dict[str, Any] = {}
+    sink_end_latencies: list[LatencyTracker] = []
     for vertex_id, subtask_outputs in raw["outputs"].items():
         vertex = graph.vertices[vertex_id]
         metrics.extend(o["metrics"] for o in subtask_outputs)
+        if not vertex.out_edges:
+            sink_end_latencies.extend(
+                LatencyTracker.from_summary(o["metrics"]["latency"])
+                for o in subtask_outputs
+                if "latency" in o["metrics"]
+            )
         for position, spec in enumerate(vertex.operators):
             sink = _sink_of(spec)
             if sink is not None:
                 sink_results[spec.name] = sink.merge_results(
                     [o["results"][position] for o in subtask_outputs]
                 )
+    latency = LatencyTracker.merged(sink_end_latencies)
     return JobResult(
         job_name=job_name,
         started_at=raw["started_at"],
@@ -412,6 +427,8 @@ def _build_result(job_name: str, graph: JobGraph, raw: dict[str, Any]) -> JobRes
         run_id=raw["run_id"],
         checkpoint_location=raw["checkpoint_location"],
         checkpoint_summary=raw["checkpoint_summary"],
+        latency=latency.figures(),
+        latency_samples_ms=latency.samples_ms(),
     )
 
 
@@ -442,6 +459,7 @@ class StreamExecutionEnvironment:
         self._chaining = True
         self._channel_capacity = 8
         self._send_window = 8
+        self._latency_tracking_interval_ms = DEFAULT_LATENCY_TRACKING_INTERVAL_MS
         self._subtask_options: dict[str, Any] = {}
         self._checkpoint_config = CheckpointConfig()
         self._restart_strategy: RestartStrategy | None = None
@@ -504,6 +522,21 @@ class StreamExecutionEnvironment:
         self._channel_capacity = channel_capacity
         self._send_window = send_window
         return self
+
+    def set_latency_tracking_interval(self, interval_ms: int) -> StreamExecutionEnvironment:
+        """Sources send a latency marker every ``interval_ms`` (0 turns tracking off); the
+        job's sink end reports how long markers took in ``JobResult.latency``."""
+        if isinstance(interval_ms, bool) or not isinstance(interval_ms, int) or interval_ms < 0:
+            raise ValueError(
+                "set_latency_tracking_interval: interval_ms must be an int >= 0 "
+                f"(0 turns latency tracking off), got {interval_ms!r}"
+            )
+        self._latency_tracking_interval_ms = interval_ms
+        return self
+
+    def get_latency_tracking_interval(self) -> int:
+        """Milliseconds between two latency markers of a source (0: tracking is off)."""
+        return self._latency_tracking_interval_ms
 
     def set_subtask_options(self, **options: Any) -> StreamExecutionEnvironment:
         """Ray actor options for every subtask (``num_cpus``, ``scheduling_strategy``, ...)."""
@@ -644,6 +677,7 @@ class StreamExecutionEnvironment:
             run_id=new_run_id(),
             channel_capacity=self._channel_capacity,
             send_window=self._send_window,
+            latency_tracking_interval_ms=self._latency_tracking_interval_ms,
             subtask_options=dict(self._subtask_options),
             checkpoint_config=config,
             restart_strategy=self._restart_strategy,

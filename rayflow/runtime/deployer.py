@@ -93,4 +93,5 @@ class Deployer:
             restored_checkpoint=restore.checkpoint_id if restore else None,
             hooks=hooks.for_subtask(vertex.name, index, attempt) if hooks else None,
             run_id=settings.run_id,
+            latency_tracking_interval_ms=settings.latency_tracking_interval_ms,
         )

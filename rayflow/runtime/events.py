@@ -17,3 +17,15 @@ class CheckpointBarrier:
     checkpoint_id: int
     timestamp: float
     final: bool = False
+
+
+@dataclass(frozen=True)
+class LatencyMarker:
+    """Sent by source subtask ``subtask`` of ``source`` at wall time ``created_at``
+    (``time.time()``: receivers may be on other nodes). It passes no operator: every
+    subtask forwards it on one channel of each out-edge, in order with the batches, and
+    the sink end of the job records how long it took to arrive."""
+
+    created_at: float
+    source: str
+    subtask: int

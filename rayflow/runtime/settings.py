@@ -11,6 +11,7 @@ from rayflow.checkpoint.metadata import CheckpointMetadata
 from rayflow.checkpoint.storage import CheckpointStorage
 from rayflow.config import CheckpointConfig, RestartStrategy, default_restart_strategy
 from rayflow.runtime.hooks import RuntimeHooks
+from rayflow.runtime.latency import DEFAULT_LATENCY_TRACKING_INTERVAL_MS
 from rayflow.runtime.supervisor import RestartSupervisor, SupervisorState
 
 __all__ = ["JobSettings"]
@@ -23,6 +24,8 @@ class JobSettings:
     run_id: str = ""
     channel_capacity: int = 8
     send_window: int = 8
+    #: sources send a latency marker this often (0: never)
+    latency_tracking_interval_ms: int = DEFAULT_LATENCY_TRACKING_INTERVAL_MS
     subtask_options: dict[str, Any] = field(default_factory=dict)
     checkpoint_config: CheckpointConfig = field(default_factory=CheckpointConfig)
     restart_strategy: RestartStrategy | None = None

@@ -15,6 +15,12 @@ is forwarded; the asynchronous part writes the blob to the durable tier and
 acknowledges to the coordinator, which then fetches the blob by a call whose
 return value it owns (the object-store tier).
 
+Latency markers: every ``latency_tracking_interval_ms`` a source subtask sends a
+:class:`~rayflow.runtime.events.LatencyMarker` after the batch it just emitted, on one
+channel of each out-edge (the next one each time). Other subtasks forward a marker they
+take from the gate the same way, past their operators; a subtask without outputs records
+its age in a :class:`~rayflow.runtime.latency.LatencyTracker`.
+
 End of input: sources whose splits are exhausted send ``EndOfInput`` but, when
 checkpointing is on, stay alive for the final checkpoint; every subtask finishes
 once the final checkpoint (taken after all input ended) is complete.
@@ -53,9 +59,10 @@ from rayflow.runtime.channel_state import (
     encode_snapshot,
 )
 from rayflow.runtime.channels import CONTROL, InputGate, OutputChannel
-from rayflow.runtime.events import CheckpointBarrier, EndOfInput
+from rayflow.runtime.events import CheckpointBarrier, EndOfInput, LatencyMarker
 from rayflow.runtime.fence import AttemptFence
 from rayflow.runtime.hooks import HookPoint, SubtaskHooks
+from rayflow.runtime.latency import DEFAULT_LATENCY_TRACKING_INTERVAL_MS, LatencyTracker
 from rayflow.runtime.operators import Operator, OperatorContext
 from rayflow.runtime.restore import StateHandle
 
@@ -93,6 +100,8 @@ class SubtaskDeployment:
     restored_checkpoint: int | None = None
     hooks: SubtaskHooks | None = None
     run_id: str = ""
+    #: a source sends a latency marker this often (0: never)
+    latency_tracking_interval_ms: int = DEFAULT_LATENCY_TRACKING_INTERVAL_MS
 
 
 @dataclass(frozen=True)
@@ -140,6 +149,7 @@ class _RecordWriter:
         self.partitioner = Partitioner(
             output.partitioner, index, len(self.channels), output.max_parallelism
         )
+        self._next_marker_channel = 0
 
     async def emit(self, batch: pa.RecordBatch) -> int:
         rows = 0
@@ -147,6 +157,12 @@ class _RecordWriter:
             await self.channels[target].send(part)
             rows += part.num_rows
         return rows
+
+    async def send_marker(self, marker: LatencyMarker) -> None:
+        """Send ``marker`` on one channel, the next one each time."""
+        channel = self.channels[self._next_marker_channel]
+        self._next_marker_channel = (self._next_marker_channel + 1) % len(self.channels)
+        await channel.send(marker)
 
     async def broadcast(self, event: Any) -> None:
         for channel in self.channels:
@@ -200,6 +216,7 @@ class SubtaskActor:
         self._blobs: dict[int, bytes] = {}
         self._async_parts: set[asyncio.Task] = set()
         self._source_reader = None
+        self.latency = LatencyTracker()
         self.metrics_ = {
             "records_in": 0,
             "records_out": 0,
@@ -291,6 +308,7 @@ class SubtaskActor:
         m["max_in_flight"] = max(
             (c.max_in_flight for w in self.writers for c in w.channels), default=0
         )
+        m["latency"] = self.latency.summary()
         m["operators"] = {
             spec.name: op.metrics()
             for spec, op in zip(self.d.vertex.operators, self.operators)
@@ -518,6 +536,8 @@ class SubtaskActor:
         self._source_reader = reader = source.create_reader(list(self.d.source_splits))
         rate = source.records_per_second
         started = time.monotonic()
+        marker_interval = self.d.latency_tracking_interval_ms / 1000.0
+        next_marker = started
         emitted = 0
         exhausted = False
         checkpointing = self.d.checkpointing is not None
@@ -542,6 +562,11 @@ class SubtaskActor:
                 emitted += batch.num_rows
                 self._count_in(batch)
                 await self._process(batch)
+                if marker_interval and (now := time.monotonic()) >= next_marker:
+                    next_marker = now + marker_interval
+                    await self._on_latency_marker(
+                        LatencyMarker(time.time(), source_name, self.index)
+                    )
                 if rate:
                     delay = started + emitted / rate - time.monotonic()
                     if delay > 0:
@@ -571,6 +596,8 @@ class SubtaskActor:
                 # Let the loop run: control messages (announced barriers, triggers) hop
                 # here from another thread, and pushes wait to be admitted.
                 await asyncio.sleep(0)
+            elif isinstance(message, LatencyMarker):
+                await self._on_latency_marker(message)
             elif isinstance(message, CheckpointBarrier):
                 if self.hooks and self.barriers.aligning is False and self.gate.num_channels > 1:
                     self.hooks.at(HookPoint.DURING_ALIGNMENT)
@@ -584,6 +611,14 @@ class SubtaskActor:
                         self._finished = True
             elif channel == CONTROL:
                 await self._on_control(message)
+
+    async def _on_latency_marker(self, marker: LatencyMarker) -> None:
+        """Forward ``marker`` past the operators, or record its age at the sink end."""
+        if self.writers:
+            for writer in self.writers:
+                await writer.send_marker(marker)
+        else:
+            self.latency.record_ms((time.time() - marker.created_at) * 1000.0)
 
     def _count_in(self, batch: pa.RecordBatch) -> None:
         m = self.metrics_
