@@ -2,6 +2,7 @@
 
     rayflow run JOB.py [--address ADDR] [JOB ARGS...]   run a job script
     rayflow demo [--orders N ...]                        run the built-in orders job
+    rayflow bench alignment [--quick] [--out DIR]        run a benchmark
     rayflow --version
 
 Each subcommand is one ``_add_<name>(subparsers)`` function listed in
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import os
 import runpy
+import shlex
 import sys
 from collections.abc import Callable, Sequence
 
@@ -35,6 +37,7 @@ examples:
   rayflow run examples/orders.py --orders 50000  run a job script with its own args
   rayflow run --address auto my_job.py           join a running cluster (ray start --head)
   rayflow run my_job.py -- --address x           '--' passes the rest to the job unchanged
+  rayflow bench alignment --quick                checkpoint alignment benchmark (~2 min)
 
 run 'rayflow COMMAND --help' for the options of one command."""
 
@@ -173,6 +176,33 @@ def _checkpoints(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- rayflow bench ------------------------------------------------------------------------
+
+
+def _add_bench(subparsers: argparse._SubParsersAction) -> None:
+    from rayflow.bench import alignment
+
+    parser = subparsers.add_parser(
+        "bench",
+        help="run a benchmark that ships with rayflow",
+        description="Run a benchmark on a local Ray (or --address) and write its results.",
+    )
+    benchmarks = parser.add_subparsers(dest="benchmark", metavar="BENCHMARK", required=True)
+    alignment.add_arguments(
+        benchmarks.add_parser(
+            "alignment",
+            help="checkpoint alignment: every barrier mode, balanced and skewed",
+            description=alignment.__doc__.splitlines()[0],
+        )
+    ).set_defaults(handler=_bench_alignment)
+
+
+def _bench_alignment(args: argparse.Namespace) -> int:
+    from rayflow.bench import alignment
+
+    return alignment.run(args, "rayflow " + " ".join(shlex.quote(a) for a in sys.argv[1:]))
+
+
 # --- registry ----------------------------------------------------------------------------
 
 #: One registration function per subcommand, in the order ``--help`` lists them.
@@ -180,6 +210,7 @@ _SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
     _add_run,
     _add_demo,
     _add_checkpoints,
+    _add_bench,
 )
 
 

@@ -445,6 +445,7 @@ class CheckpointCoordinator:
                 parallelism=vertex.parallelism,
                 vertex=vertex.name,
                 channel_state_size=info.get("channel_state_size", 0),
+                channel_state_batches=info.get("channel_state_batches", 0),
             )
         return CheckpointMetadata(
             checkpoint_id=pending.checkpoint_id,

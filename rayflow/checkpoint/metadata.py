@@ -45,6 +45,8 @@ class SubtaskStateMeta:
     vertex: str
     #: bytes of in-flight data saved with an unaligned snapshot (0: aligned)
     channel_state_size: int = 0
+    #: record batches of in-flight data (a batch may have 0 bytes: null columns)
+    channel_state_batches: int = 0
 
 
 @dataclass(frozen=True)
@@ -66,7 +68,7 @@ class CheckpointMetadata:
 
     @property
     def has_channel_state(self) -> bool:
-        return any(s.channel_state_size for s in self.subtasks.values())
+        return any(s.channel_state_size or s.channel_state_batches for s in self.subtasks.values())
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -86,6 +88,7 @@ class CheckpointMetadata:
                     "parallelism": s.parallelism,
                     "vertex": s.vertex,
                     "channel_state_size": s.channel_state_size,
+                    "channel_state_batches": s.channel_state_batches,
                 }
                 for key, s in self.subtasks.items()
             },
@@ -120,6 +123,7 @@ class CheckpointMetadata:
                         parallelism=int(e["parallelism"]),
                         vertex=e.get("vertex", ""),
                         channel_state_size=int(e.get("channel_state_size", 0)),
+                        channel_state_batches=int(e.get("channel_state_batches", 0)),
                     )
                     for key, e in raw.get("subtasks", {}).items()
                 },

@@ -295,10 +295,13 @@ class BarrierHandler:
         await self.gate.unblock_all()
 
     async def abort(self, checkpoint_id: int) -> None:
+        """Checkpoint ``checkpoint_id`` was aborted: give it up (and every older one); its
+        barriers, should they come later, are stale and start nothing."""
         checkpoint = self._current
-        if checkpoint is not None and checkpoint.checkpoint_id == checkpoint_id:
+        if checkpoint is not None and checkpoint.checkpoint_id <= checkpoint_id:
             self._give_up(checkpoint, f"checkpoint {checkpoint_id} was aborted")
             await self.gate.unblock_all()
+        self._latest_id = max(self._latest_id, checkpoint_id)
 
     @property
     def aligning(self) -> bool:

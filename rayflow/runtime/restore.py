@@ -47,12 +47,21 @@ def check_channel_state(graph: JobGraph, restore: CheckpointMetadata, where: str
     parallelism (of the receiver and of every sender)."""
     if not restore.has_channel_state:
         return
-    old = {s.vertex: s.parallelism for s in restore.subtasks.values()}
-    new = {v.name: v.parallelism for v in graph.vertices.values()}
+    # A vertex is known by its operators' uids (names repeat: two "MapBatches").
+    old = {frozenset(s.uids): (s.vertex, s.parallelism) for s in restore.subtasks.values()}
+    new = {
+        frozenset([op.uid for op in v.operators] + ([v.source_uid] if v.is_source else [])): (
+            v.name,
+            v.parallelism,
+        )
+        for v in graph.vertices.values()
+    }
     changes = [
-        f"{name!r} {old.get(name, 'absent')} -> {new.get(name, 'absent')}"
-        for name in sorted(set(old) | set(new))
-        if old.get(name) != new.get(name)
+        f"{(old.get(uids) or new[uids])[0]!r} "
+        f"{old[uids][1] if uids in old else 'absent'} -> "
+        f"{new[uids][1] if uids in new else 'absent'}"
+        for uids in sorted(set(old) | set(new), key=sorted)
+        if old.get(uids, (None, None))[1] != new.get(uids, (None, None))[1]
     ]
     if changes:
         size = sum(s.channel_state_size for s in restore.subtasks.values())

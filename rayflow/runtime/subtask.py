@@ -345,6 +345,8 @@ class SubtaskActor:
     async def _cancel_async_parts(self) -> None:
         for task in list(self._async_parts):
             task.cancel()
+        for checkpoint_id in list(self._unaligned):
+            self._drop_unaligned(checkpoint_id)
 
     async def _become(self, deployment: SubtaskDeployment) -> bool:
         await self.gate.close()
@@ -504,12 +506,12 @@ class SubtaskActor:
                 blob = await self._in_thread(self.d.storage.read_blob, handle.path)
             states, channel_state = decode_snapshot(blob)
             snapshots.append((handle, states))
+            if channel_state and handle.old_parallelism != self.parallelism:
+                raise RuntimeError(
+                    f"{self.name!r}: the checkpoint holds channel state (it was "
+                    "unaligned) and cannot be restored at another parallelism"
+                )
             if channel_state and handle.old_index == self.index:
-                if handle.old_parallelism != self.parallelism:
-                    raise RuntimeError(
-                        f"{self.name!r}: the checkpoint holds channel state (it was "
-                        "unaligned) and cannot be restored at another parallelism"
-                    )
                 self._replay = [
                     (channel, batch)
                     for channel in sorted(channel_state)
@@ -751,6 +753,8 @@ class SubtaskActor:
         if pending is None:  # the snapshot is being taken; it checks ``done`` itself
             return
         self.gate.stop_recording(recorder)
+        if self.fence.revoked:  # a push of an ended attempt completed it: drop it
+            return
         channel_state = recorder.channel_state()
         blob = encode_snapshot(pending.operator_blob, channel_state)
         info = pending.info
@@ -794,7 +798,10 @@ class SubtaskActor:
 
         with_channel_state = bool(info.get("channel_state_size"))
 
+        fence = self.fence
+
         def write() -> str:
+            fence.check("checkpoint blob write")
             if hooks is not None:
                 hooks.at(HookPoint.DURING_BLOB_WRITE)
                 if with_channel_state:
