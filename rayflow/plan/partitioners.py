@@ -124,10 +124,11 @@ class Partitioner:
         order = np.argsort(targets, kind="stable")
         sorted_targets = targets[order]
         bounds = np.searchsorted(sorted_targets, np.arange(self.num_targets + 1))
-        taken = batch.take(pa.array(order))
         routed = []
         for t in range(self.num_targets):
             lo, hi = bounds[t], bounds[t + 1]
             if hi > lo:
-                routed.append((t, taken.slice(lo, hi - lo)))
+                # One take per target, not one take and slices: a slice serializes (pickle,
+                # Ray, checkpoints) with its parent's whole buffers.
+                routed.append((t, batch.take(pa.array(order[lo:hi]))))
         return routed

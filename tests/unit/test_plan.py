@@ -1,5 +1,8 @@
 """Logical -> physical plan: chaining rules, union dissolution, partitioner defaults."""
 
+import pickle
+
+import numpy as np
 import pyarrow as pa
 import pytest
 
@@ -83,3 +86,14 @@ def test_rebalance_round_robins_and_broadcast_copies():
     assert [rebalance.route(batch)[0][0] for _ in range(4)] == [1, 2, 0, 1]
     broadcast = Partitioner(PartitionerSpec(PartitionKind.BROADCAST), 0, 3, 128)
     assert [t for t, _ in broadcast.route(batch)] == [0, 1, 2]
+
+
+def test_hash_routed_parts_serialize_only_their_own_rows():
+    # A slice pickles (and goes through Ray and into channel state) with its parent's
+    # whole buffers: each part must carry only its rows.
+    batch = pa.record_batch({"k": np.arange(40_000) % 97, "v": np.arange(40_000)})
+    p = Partitioner(PartitionerSpec(PartitionKind.HASH, KeySelector("k")), 0, 4, 128)
+    parts = p.route(batch)
+    whole = len(pickle.dumps(batch))
+    assert sum(part.num_rows for _, part in parts) == batch.num_rows
+    assert sum(len(pickle.dumps(part)) for _, part in parts) < 1.2 * whole
