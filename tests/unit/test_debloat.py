@@ -13,8 +13,11 @@ from typing import Any
 
 import pytest
 
+from rayflow import StreamExecutionEnvironment
 from rayflow.runtime.channels import InputGate, OutputChannel
 from rayflow.runtime.debloat import BufferDebloater
+from rayflow.runtime.deployer import Deployer
+from rayflow.runtime.settings import JobSettings
 
 
 class FakeClock:
@@ -289,3 +292,37 @@ def test_a_recorder_still_sees_buffered_and_waiting_messages():
         _in_order(seen, 1, 100)
 
     run(main())
+
+
+# --- configuration ---------------------------------------------------------------------
+
+
+def test_the_environment_validates_and_carries_the_target():
+    env = StreamExecutionEnvironment.get_execution_environment()
+    assert env.get_buffer_debloat_target_ms() is None
+    with pytest.raises(ValueError, match="target_ms"):
+        env.enable_buffer_debloating(target_ms=5)
+    with pytest.raises(TypeError, match="target_ms"):
+        env.enable_buffer_debloating(target_ms=0.5)
+    assert env.enable_buffer_debloating() is env
+    assert env.get_buffer_debloat_target_ms() == 1000
+    env.enable_buffer_debloating(target_ms=200)
+    assert env.get_buffer_debloat_target_ms() == 200
+    env.disable_buffer_debloating()
+    assert env.get_buffer_debloat_target_ms() is None
+
+
+def test_the_deployer_hands_the_target_to_every_subtask():
+    from rayflow import NumberSequenceSource
+    from sinks.basic import CollectSink
+
+    env = StreamExecutionEnvironment.get_execution_environment().set_parallelism(2)
+    env.from_source(NumberSequenceSource(0, 9), "n").key_by("value").sum("value").sink_to(
+        CollectSink()
+    )
+    graph = env.get_job_graph()
+    for target in (None, 250):
+        deployer = Deployer(graph, JobSettings("job", debloat_target_ms=target), None)
+        for vertex in graph.vertices.values():
+            d = deployer.deployment(vertex, 0, 0, None, [])
+            assert d.debloat_target_ms == target
