@@ -22,14 +22,15 @@ time (Flink's buffer debloating, FLIP-183):
   many buffered messages on the channel, and each ``push`` returns it, so the sender
   uses it as its window (bounded by ``[1, window]``).
 
-In-flight data is counted in messages (batches, and the rare barrier or end of input),
-not bytes. Buffers and windows are
-bounded in messages, and what is measured is the time a message takes to be processed,
-which already covers both a per-batch and a per-byte cost; in a job the batches of one
-channel come from the same upstream operator and are much alike in size, so the recent
-average stands for the messages in flight. Bytes would matter where sizes vary a lot
-from one batch to the next (Flink weighs by bytes because its buffers are fixed-size
-memory segments); the smoothing spreads such variation over several periods.
+In-flight data is counted in messages, not bytes. Buffers and windows are bounded in
+messages, and what is measured is the average time a message takes to be processed,
+which already covers both a per-batch and a per-byte cost. The batches of one channel
+come from the same upstream operator and are much alike in size, and the few barriers
+and latency markers between them (processed at once) are in flight in the same mix as
+they are taken, so the recent average stands for the messages in flight. Bytes would
+matter where sizes vary a lot from one batch to the next (Flink weighs by bytes because
+its buffers are fixed-size memory segments); the smoothing spreads such variation over
+several periods.
 
 The class is plain code with an injectable clock, so its arithmetic is unit-tested
 without Ray or an event loop.
