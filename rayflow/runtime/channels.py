@@ -132,9 +132,11 @@ class InputGate:
 
     async def next(self) -> tuple[int, Any]:
         """The next message from any unblocked channel (round robin)."""
+        debloater = self.debloater
+        if debloater is not None:
+            debloater.start()  # the first call begins the first period
         channel = self._pick()
         if channel is None:
-            debloater = self.debloater
             waited_from = debloater.clock() if debloater is not None else 0.0
             async with self._available:
                 channel = self._pick()
@@ -148,8 +150,8 @@ class InputGate:
         item = self._buffers[channel].popleft()
         self.taken[channel] += 1
         self._buffered -= 1
-        if self.debloater is not None and self.debloater.taken():
-            self._limits = self.debloater.credits
+        if debloater is not None and debloater.taken():
+            self._limits = debloater.credits
             for other in self._space:  # a raised credit may admit waiting pushes
                 async with other:
                     other.notify_all()

@@ -55,7 +55,8 @@ MIN_TARGET_MS = 10
 class BufferDebloater:
     """Measures the throughput of one gate's reader and says each channel's credit.
 
-    The gate calls :meth:`idle` with the time its reader waited for data, and
+    The gate calls :meth:`start` when its reader first asks for data, :meth:`idle` with
+    the time its reader waited for data, and
     :meth:`taken` for every data message the reader takes; :meth:`taken` returns True
     when the credits changed (the gate then wakes the pushers, some may now be admitted).
     """
@@ -89,20 +90,31 @@ class BufferDebloater:
         self.periods = 0
         #: seconds the reader waited for data in all
         self.idle_total_s = 0.0
-        self._period_start = clock()
+        #: when the current period began; None until the reader first asks for data
+        self._period_start: float | None = None
         self._count = 0
         self._idle_s = 0.0
 
+    def start(self) -> None:
+        """The reader asks for data; the first time, the first period begins (the
+        subtask's start-up, opening operators and restoring state, is not measured)."""
+        if self._period_start is None:
+            self._period_start = self.clock()
+
     def idle(self, seconds: float) -> None:
         """The reader waited ``seconds`` for data (not counted as busy time)."""
-        self._idle_s += seconds
         self.idle_total_s += seconds
+        if self._period_start is not None:
+            self._idle_s += seconds
 
     def taken(self) -> bool:
         """The reader took a data message; at the end of a period, update the credits.
         True when a credit changed."""
         self._count += 1
         now = self.clock()
+        if self._period_start is None:
+            self._period_start = now
+            return False
         elapsed = now - self._period_start
         if elapsed < self.period_s:
             return False

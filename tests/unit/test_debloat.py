@@ -126,6 +126,7 @@ def test_the_credit_is_half_of_each_channels_share_within_bounds():
 def test_idle_time_is_not_counted_as_slowness():
     clock = FakeClock()
     d = BufferDebloater(2, capacity=8, target_s=0.2, clock=clock)
+    d.start()
     for _ in range(10):
         clock.advance(0.19)  # waiting for data: a starved reader, not a slow one
         d.idle(0.19)
@@ -148,6 +149,18 @@ def test_the_credit_follows_the_reader_back_up():
         d.taken()
     assert d.credits == [8]
     assert d.lowest_credit == 1
+
+
+def test_the_start_up_is_not_measured():
+    clock = FakeClock()
+    d = BufferDebloater(2, capacity=8, target_s=0.2, clock=clock)
+    clock.advance(3.0)  # opening operators, restoring state: no data asked for yet
+    d.start()
+    for _ in range(1000):
+        clock.advance(0.001)
+        d.taken()
+    assert d.throughput == pytest.approx(1000.0, rel=0.1)
+    assert d.lowest_credit == 8
 
 
 def test_invalid_settings_are_refused():
