@@ -25,6 +25,7 @@ from rayflow.guarantees import DeliveryGuarantee, end_to_end
 from rayflow.keygroups import DEFAULT_MAX_PARALLELISM
 from rayflow.plan.logical import LogicalPlan
 from rayflow.plan.physical import JobGraph, build_job_graph
+from rayflow.runtime.debloat import MIN_TARGET_MS
 from rayflow.runtime.job_master import JobMaster, _unwrap
 from rayflow.runtime.latency import DEFAULT_LATENCY_TRACKING_INTERVAL_MS, LatencyTracker
 from rayflow.runtime.restore import check_channel_state
@@ -460,6 +461,7 @@ class StreamExecutionEnvironment:
         self._channel_capacity = 8
         self._send_window = 8
         self._latency_tracking_interval_ms = DEFAULT_LATENCY_TRACKING_INTERVAL_MS
+        self._debloat_target_ms: int | None = None
         self._subtask_options: dict[str, Any] = {}
         self._checkpoint_config = CheckpointConfig()
         self._restart_strategy: RestartStrategy | None = None
@@ -537,6 +539,33 @@ class StreamExecutionEnvironment:
     def get_latency_tracking_interval(self) -> int:
         """Milliseconds between two latency markers of a source (0: tracking is off)."""
         return self._latency_tracking_interval_ms
+
+    def enable_buffer_debloating(self, target_ms: int = 1000) -> StreamExecutionEnvironment:
+        """Adapt the in-flight data of every input channel to the receiving subtask's
+        throughput (Flink's buffer debloating): each subtask measures how fast it takes
+        its input and bounds every channel's buffer, and its senders' windows, to what it
+        drains in ``target_ms``, between 1 and the limits of ``set_buffer_limits``. Aligned
+        checkpoint barriers then wait behind less data under backpressure.
+        Off by default."""
+        if isinstance(target_ms, bool) or not isinstance(target_ms, int):
+            raise TypeError(
+                f"enable_buffer_debloating: target_ms must be an int (ms), got {target_ms!r}"
+            )
+        if target_ms < MIN_TARGET_MS:
+            raise ValueError(
+                f"enable_buffer_debloating: target_ms must be >= {MIN_TARGET_MS}, got {target_ms}"
+            )
+        self._debloat_target_ms = target_ms
+        return self
+
+    def disable_buffer_debloating(self) -> StreamExecutionEnvironment:
+        """Every channel keeps the full limits of ``set_buffer_limits`` (the default)."""
+        self._debloat_target_ms = None
+        return self
+
+    def get_buffer_debloat_target_ms(self) -> int | None:
+        """Buffer debloating's target in ms, None when it is off."""
+        return self._debloat_target_ms
 
     def set_subtask_options(self, **options: Any) -> StreamExecutionEnvironment:
         """Ray actor options for every subtask (``num_cpus``, ``scheduling_strategy``, ...)."""
@@ -649,6 +678,8 @@ class StreamExecutionEnvironment:
                     text += f" ({config.aligned_checkpoint_timeout_ms} ms)"
         else:
             text += "\ncheckpointing: off"
+        if self._debloat_target_ms is not None:
+            text += f"\nbuffer debloating: target {self._debloat_target_ms} ms"
         for name, words in self.guarantees().items():
             text += f"\nsink {name!r}: {words}"
         return text
@@ -678,6 +709,7 @@ class StreamExecutionEnvironment:
             channel_capacity=self._channel_capacity,
             send_window=self._send_window,
             latency_tracking_interval_ms=self._latency_tracking_interval_ms,
+            debloat_target_ms=self._debloat_target_ms,
             subtask_options=dict(self._subtask_options),
             checkpoint_config=config,
             restart_strategy=self._restart_strategy,

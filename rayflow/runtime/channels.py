@@ -11,6 +11,12 @@ buffered: memory stays bounded whatever the speed of the receiver.
 
 Messages of another attempt (a previous incarnation of the job) are dropped.
 
+With buffer debloating (a :class:`~rayflow.runtime.debloat.BufferDebloater` handed to the
+gate) a channel's buffer is bounded by its *credit* instead, between 1 and ``capacity``,
+sized to what the subtask drains in a target time; ``push`` returns the channel's credit
+and the sender uses it as its window (between 1 and ``window``). A smaller credit only
+makes pushes wait longer: admission stays in sequence order.
+
 For unaligned checkpoints the gate also knows, per channel, the sequence number of the
 next message the subtask will take (``taken``) and the messages that arrived but wait
 for buffer space; a :class:`ChannelRecorder` registered with :meth:`InputGate.record`
@@ -25,6 +31,8 @@ from collections import deque
 from typing import Any, Protocol
 
 import ray
+
+from rayflow.runtime.debloat import BufferDebloater
 
 CONTROL = -1
 
@@ -44,9 +52,14 @@ class InputGate:
     of that channel; the reader waits on one condition of its own.
     """
 
-    def __init__(self, num_channels: int, capacity: int) -> None:
+    def __init__(
+        self, num_channels: int, capacity: int, debloater: BufferDebloater | None = None
+    ) -> None:
         self.num_channels = num_channels
         self.capacity = capacity
+        self.debloater = debloater
+        #: per channel, the most messages buffered: ``capacity``, or the debloater's credit
+        self._limits = debloater.credits if debloater is not None else [capacity] * num_channels
         self._control: deque[Any] = deque()
         self._buffers: list[deque[Any]] = [deque() for _ in range(num_channels)]
         self._next_seq = [0] * num_channels
@@ -63,9 +76,11 @@ class InputGate:
         self._waiting: list[dict[int, Any]] = [{} for _ in range(num_channels)]
         self._recorders: list[ChannelRecorder] = []
 
-    async def push(self, channel: int, seq: int, item: Any) -> None:
-        """Admit message ``seq`` of ``channel`` in order; waits while the buffer is full."""
-        buffer, next_seq, capacity = self._buffers[channel], self._next_seq, self.capacity
+    async def push(self, channel: int, seq: int, item: Any) -> int | None:
+        """Admit message ``seq`` of ``channel`` in order; waits while the buffer is full.
+        Returns the channel's credit with buffer debloating (the sender's window), else
+        None."""
+        buffer, next_seq = self._buffers[channel], self._next_seq
         space = self._space[channel]
         # Visible to a recorder from here on, before anything can wait.
         waiting = self._waiting[channel]
@@ -74,14 +89,15 @@ class InputGate:
             recorder.offer(channel, seq, item)
         try:
             async with space:
-                if not (next_seq[channel] == seq and len(buffer) < capacity):
+                if not (next_seq[channel] == seq and len(buffer) < self._limits[channel]):
                     await space.wait_for(
                         lambda: (
-                            self._closed or (next_seq[channel] == seq and len(buffer) < capacity)
+                            self._closed
+                            or (next_seq[channel] == seq and len(buffer) < self._limits[channel])
                         )
                     )
                 if self._closed:
-                    return
+                    return None
                 buffer.append(item)
                 next_seq[channel] = seq + 1
                 space.notify_all()
@@ -92,6 +108,7 @@ class InputGate:
             self.max_buffered = self._buffered
         async with self._available:
             self._available.notify()
+        return self._limits[channel] if self.debloater is not None else None
 
     async def put_control(self, item: Any) -> None:
         self._control.append(item)
@@ -115,18 +132,30 @@ class InputGate:
 
     async def next(self) -> tuple[int, Any]:
         """The next message from any unblocked channel (round robin)."""
+        debloater = self.debloater
+        if debloater is not None:
+            debloater.start()  # the first call begins the first period
         channel = self._pick()
         if channel is None:
+            waited_from = debloater.clock() if debloater is not None else 0.0
             async with self._available:
                 channel = self._pick()
                 while channel is None:
                     await self._available.wait()
                     channel = self._pick()
+            if debloater is not None:
+                debloater.idle(debloater.clock() - waited_from)
         if channel == CONTROL:
             return CONTROL, self._control.popleft()
         item = self._buffers[channel].popleft()
         self.taken[channel] += 1
         self._buffered -= 1
+        if debloater is not None and debloater.taken():
+            self._limits = debloater.credits
+            for other in self._space:  # a raised credit may admit waiting pushes
+                async with other:
+                    other.notify_all()
+            return channel, item
         space = self._space[channel]
         async with space:
             space.notify_all()
@@ -171,18 +200,38 @@ class InputGate:
     def buffered(self) -> int:
         return self._buffered
 
+    def limits(self) -> list[int]:
+        """Per channel, the most messages it may buffer now."""
+        return list(self._limits)
+
 
 class OutputChannel:
-    """Sends messages on one channel to one receiving subtask, at most ``window`` in flight."""
+    """Sends messages on one channel to one receiving subtask, at most ``window`` in flight.
 
-    def __init__(self, receiver: Any, channel: int, attempt: int, window: int) -> None:
+    With ``adaptive`` (buffer debloating) the window follows the credit the receiver
+    returns from each push, bounded by ``[1, window]``; it is read whenever the sender
+    awaits its oldest push.
+    """
+
+    def __init__(
+        self, receiver: Any, channel: int, attempt: int, window: int, adaptive: bool = False
+    ) -> None:
         self.receiver = receiver
         self.channel = channel
         self.attempt = attempt
         self.window = window
+        self.adaptive = adaptive
+        #: the window in force: ``window``, or the receiver's latest credit within it
+        self.current_window = window
         self._seq = 0
         self._in_flight: deque[ray.ObjectRef] = deque()
         self.max_in_flight = 0
+
+    async def _acknowledged(self) -> None:
+        """Await the oldest push; with ``adaptive``, take the credit it returns."""
+        credit = await self._in_flight.popleft()
+        if self.adaptive and credit is not None:
+            self.current_window = max(1, min(self.window, credit))
 
     @property
     def position(self) -> int:
@@ -191,8 +240,8 @@ class OutputChannel:
 
     async def send(self, message: Any) -> None:
         in_flight = self._in_flight
-        while len(in_flight) >= self.window:
-            await in_flight.popleft()
+        while len(in_flight) >= self.current_window:
+            await self._acknowledged()
         in_flight.append(self.receiver.push.remote(self.channel, self._seq, self.attempt, message))
         self._seq += 1
         if len(in_flight) > self.max_in_flight:
@@ -201,4 +250,4 @@ class OutputChannel:
     async def flush(self) -> None:
         """Wait until the receiver has admitted every message sent so far."""
         while self._in_flight:
-            await self._in_flight.popleft()
+            await self._acknowledged()

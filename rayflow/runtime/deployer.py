@@ -82,6 +82,7 @@ class Deployer:
             source_splits=splits[index] if splits else [],
             channel_capacity=settings.channel_capacity,
             send_window=settings.send_window,
+            debloat_target_ms=settings.debloat_target_ms,
             checkpointing=settings.checkpoint_config.mode if settings.checkpointing else None,
             alignment=settings.checkpoint_config.alignment,
             aligned_checkpoint_timeout_s=(

@@ -26,6 +26,9 @@ class JobSettings:
     send_window: int = 8
     #: sources send a latency marker this often (0: never)
     latency_tracking_interval_ms: int = DEFAULT_LATENCY_TRACKING_INTERVAL_MS
+    #: buffer debloating's target (ms): the time in which a subtask drains its in-flight
+    #: input; None when debloating is off
+    debloat_target_ms: int | None = None
     subtask_options: dict[str, Any] = field(default_factory=dict)
     checkpoint_config: CheckpointConfig = field(default_factory=CheckpointConfig)
     restart_strategy: RestartStrategy | None = None

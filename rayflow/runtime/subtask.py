@@ -59,6 +59,7 @@ from rayflow.runtime.channel_state import (
     encode_snapshot,
 )
 from rayflow.runtime.channels import CONTROL, InputGate, OutputChannel
+from rayflow.runtime.debloat import BufferDebloater
 from rayflow.runtime.events import CheckpointBarrier, EndOfInput, LatencyMarker
 from rayflow.runtime.fence import AttemptFence
 from rayflow.runtime.hooks import HookPoint, SubtaskHooks
@@ -91,6 +92,8 @@ class SubtaskDeployment:
     source_splits: list[Any] = field(default_factory=list)
     channel_capacity: int = 8
     send_window: int = 8
+    #: buffer debloating's target (ms), None when it is off
+    debloat_target_ms: int | None = None
     checkpointing: CheckpointingMode | None = None
     alignment: CheckpointAlignment = CheckpointAlignment.ALIGNED
     aligned_checkpoint_timeout_s: float = 0.0
@@ -144,8 +147,17 @@ class _UnalignedSnapshot:
 
 
 class _RecordWriter:
-    def __init__(self, output: OutputDeployment, index: int, attempt: int, window: int):
-        self.channels = [OutputChannel(h, c, attempt, window) for h, c in output.receivers]
+    def __init__(
+        self,
+        output: OutputDeployment,
+        index: int,
+        attempt: int,
+        window: int,
+        adaptive: bool = False,
+    ) -> None:
+        self.channels = [
+            OutputChannel(h, c, attempt, window, adaptive) for h, c in output.receivers
+        ]
         self.partitioner = Partitioner(
             output.partitioner, index, len(self.channels), output.max_parallelism
         )
@@ -197,9 +209,17 @@ class SubtaskActor:
         self.index = deployment.index
         self.parallelism = vertex.parallelism
         self.attempt = deployment.attempt
-        self.gate = InputGate(deployment.num_input_channels, deployment.channel_capacity)
+        debloating = deployment.debloat_target_ms is not None
+        debloater = None
+        if debloating and deployment.num_input_channels:
+            debloater = BufferDebloater(
+                deployment.num_input_channels,
+                deployment.channel_capacity,
+                deployment.debloat_target_ms / 1000.0,
+            )
+        self.gate = InputGate(deployment.num_input_channels, deployment.channel_capacity, debloater)
         self.writers = [
-            _RecordWriter(o, self.index, self.attempt, deployment.send_window)
+            _RecordWriter(o, self.index, self.attempt, deployment.send_window, debloating)
             for o in deployment.outputs
         ]
         self.fence = AttemptFence(deployment.run_id, self.attempt)
@@ -252,12 +272,13 @@ class SubtaskActor:
 
     # --- calls from other actors --------------------------------------------------------
 
-    async def push(self, channel: int, seq: int, attempt: int, message: Any) -> None:
+    async def push(self, channel: int, seq: int, attempt: int, message: Any) -> int | None:
+        """Data from upstream; returns the channel's credit with buffer debloating."""
         if self._loop is None:
             self._loop = asyncio.get_running_loop()
         if attempt != self.attempt:
-            return
-        await self.gate.push(channel, seq, message)
+            return None
+        return await self.gate.push(channel, seq, message)
 
     @ray.method(concurrency_group=CONTROL_GROUP)
     async def trigger_checkpoint(
@@ -309,12 +330,34 @@ class SubtaskActor:
             (c.max_in_flight for w in self.writers for c in w.channels), default=0
         )
         m["latency"] = self.latency.summary()
+        m.update(self._debloat_metrics())
         m["operators"] = {
             spec.name: op.metrics()
             for spec, op in zip(self.d.vertex.operators, self.operators)
             if op.metrics()
         }
         return m
+
+    def _debloat_metrics(self) -> dict[str, Any]:
+        """Buffer debloating as it stands: per input channel the capacity now in force
+        (min/max), the lowest so far, the measured throughput (data messages per busy
+        second, smoothed; None before the first period or when it is off), the seconds
+        the subtask waited for input, and the output channels' windows (min/max)."""
+        limits = self.gate.limits()
+        windows = [c.current_window for w in self.writers for c in w.channels]
+        debloater = self.gate.debloater
+        return {
+            "debloating": self.d.debloat_target_ms is not None,
+            "channel_capacity_min": min(limits, default=None),
+            "channel_capacity_max": max(limits, default=None),
+            "channel_capacity_lowest": (
+                debloater.lowest_credit if debloater else min(limits, default=None)
+            ),
+            "input_throughput": debloater.throughput if debloater else None,
+            "input_idle_s": debloater.idle_total_s if debloater else None,
+            "send_window_min": min(windows, default=None),
+            "send_window_max": max(windows, default=None),
+        }
 
     @ray.method(concurrency_group=CONTROL_GROUP)
     async def ready(self) -> bool:
