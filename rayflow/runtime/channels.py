@@ -133,8 +133,11 @@ class InputGate:
     async def next(self) -> tuple[int, Any]:
         """The next message from any unblocked channel (round robin)."""
         debloater = self.debloater
-        if debloater is not None:
-            debloater.start()  # the first call begins the first period
+        if debloater is not None and debloater.reading():
+            self._limits = debloater.credits
+            for space in self._space:  # a raised credit may admit waiting pushes
+                async with space:
+                    space.notify_all()
         channel = self._pick()
         if channel is None:
             waited_from = debloater.clock() if debloater is not None else 0.0
@@ -150,12 +153,8 @@ class InputGate:
         item = self._buffers[channel].popleft()
         self.taken[channel] += 1
         self._buffered -= 1
-        if debloater is not None and debloater.taken():
-            self._limits = debloater.credits
-            for other in self._space:  # a raised credit may admit waiting pushes
-                async with other:
-                    other.notify_all()
-            return channel, item
+        if debloater is not None:
+            debloater.taken()
         space = self._space[channel]
         async with space:
             space.notify_all()

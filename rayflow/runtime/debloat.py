@@ -9,11 +9,15 @@ from its gate and sizes the in-flight data so that the subtask drains it in a ta
 time (Flink's buffer debloating, FLIP-183):
 
 * **Throughput** is measured over periods of ``period_s`` (like Flink's
-  ``taskmanager.network.memory.buffer-debloat.period``): data messages taken per second
-  of *busy* time, i.e. the period less the time the reader waited in the gate for data
-  (an idle reader is starved, not slow: counting its idle time would shrink its buffers
-  and starve it further). Periods are smoothed by an exponentially weighted moving
-  average (``smoothing`` is the weight of the newest period).
+  ``taskmanager.network.memory.buffer-debloat.period``): data messages processed per
+  second of *busy* time, i.e. the period less the time the reader waited in the gate
+  for data (an idle reader is starved, not slow: counting its idle time would shrink
+  its buffers and starve it further). A message counts as processed when the reader
+  comes back for the next one, so each message is matched with the time spent on it.
+  The periods are smoothed exponentially, weighted by their busy time: the throughput
+  is the decayed sum of messages over the decayed sum of busy seconds (``smoothing`` is
+  the weight of the newest period), so a period that was nearly all idle, with a
+  message or two in a few microseconds, cannot swing it.
 * **Credit**: the subtask drains ``throughput * target_s`` messages in the target time;
   split evenly over its input channels, and again in two halves, one for what the
   gate buffers and one for what the sender has pushed and not had admitted (in flight
@@ -55,10 +59,11 @@ MIN_TARGET_MS = 10
 class BufferDebloater:
     """Measures the throughput of one gate's reader and says each channel's credit.
 
-    The gate calls :meth:`start` when its reader first asks for data, :meth:`idle` with
-    the time its reader waited for data, and
-    :meth:`taken` for every data message the reader takes; :meth:`taken` returns True
-    when the credits changed (the gate then wakes the pushers, some may now be admitted).
+    The gate calls :meth:`reading` each time its reader asks for a message, :meth:`idle`
+    with the time the reader then waited for data, and :meth:`taken` when what it hands
+    out is a data message. :meth:`reading` closes a period once ``period_s`` have passed
+    and returns True when the credits changed (the gate then wakes the pushers: some may
+    now be admitted).
     """
 
     def __init__(
@@ -83,23 +88,50 @@ class BufferDebloater:
         self.clock = clock
         #: per channel, the credit: the gate's capacity for it and its sender's window
         self.credits = [capacity] * num_channels
-        #: smoothed data messages taken per busy second; None before the first period
+        #: smoothed data messages processed per busy second; None before the first period
+        #: with a processed message
         self.throughput: float | None = None
         #: the lowest credit any channel had so far
         self.lowest_credit = capacity
         self.periods = 0
         #: seconds the reader waited for data in all
         self.idle_total_s = 0.0
-        #: when the current period began; None until the reader first asks for data
+        #: when the current period began; None until the reader first asks for data (the
+        #: subtask's start-up, opening operators and restoring state, is not measured)
         self._period_start: float | None = None
+        self._count = 0  # messages processed in the current period
+        self._idle_s = 0.0  # seconds waited in the current period
+        self._holding = False  # the reader took a data message and is processing it
+        self._messages = 0.0  # decayed sum of messages processed
+        self._busy_s = 0.0  # decayed sum of busy seconds
+
+    def reading(self) -> bool:
+        """The reader asks for its next message: the data message it took before, if
+        any, is processed. At the end of a period, update the credits; True when a credit
+        changed."""
+        now = self.clock()
+        if self._period_start is None:
+            self._period_start = now
+            return False
+        if self._holding:
+            self._holding = False
+            self._count += 1
+        elapsed = now - self._period_start
+        if elapsed < self.period_s:
+            return False
+        busy = max(elapsed - self._idle_s, 0.0)
+        count = self._count
+        self._period_start = now
         self._count = 0
         self._idle_s = 0.0
-
-    def start(self) -> None:
-        """The reader asks for data; the first time, the first period begins (the
-        subtask's start-up, opening operators and restoring state, is not measured)."""
-        if self._period_start is None:
-            self._period_start = self.clock()
+        self.periods += 1
+        keep = 1.0 - self.smoothing
+        self._messages = keep * self._messages + count
+        self._busy_s = keep * self._busy_s + busy
+        if self._messages <= 0:
+            return False  # nothing processed yet: nothing known
+        self.throughput = self._messages / self._busy_s if self._busy_s > 0 else math.inf
+        return self._set_credit(self.credit_for(self.throughput))
 
     def idle(self, seconds: float) -> None:
         """The reader waited ``seconds`` for data (not counted as busy time)."""
@@ -107,28 +139,9 @@ class BufferDebloater:
         if self._period_start is not None:
             self._idle_s += seconds
 
-    def taken(self) -> bool:
-        """The reader took a data message; at the end of a period, update the credits.
-        True when a credit changed."""
-        self._count += 1
-        now = self.clock()
-        if self._period_start is None:
-            self._period_start = now
-            return False
-        elapsed = now - self._period_start
-        if elapsed < self.period_s:
-            return False
-        busy = max(elapsed - self._idle_s, 1e-6)
-        rate = self._count / busy
-        self._period_start = now
-        self._count = 0
-        self._idle_s = 0.0
-        self.periods += 1
-        if self.throughput is None:
-            self.throughput = rate
-        else:
-            self.throughput += self.smoothing * (rate - self.throughput)
-        return self._set_credit(self.credit_for(self.throughput))
+    def taken(self) -> None:
+        """The reader took a data message (counted once it comes back for the next)."""
+        self._holding = True
 
     def credit_for(self, throughput: float) -> int:
         """The per-channel credit at ``throughput`` messages per busy second."""

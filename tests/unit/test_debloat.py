@@ -92,13 +92,19 @@ def _in_order(seen: list[tuple[int, int]], channels: int, count: int) -> None:
 # --- the arithmetic --------------------------------------------------------------------
 
 
+def _process(d: BufferDebloater, clock: FakeClock, count: int, seconds_each: float) -> None:
+    """The reader takes ``count`` messages at once, each processed in ``seconds_each``."""
+    for _ in range(count):
+        d.reading()
+        d.taken()
+        clock.advance(seconds_each)
+
+
 def test_a_slow_reader_gets_the_smallest_credit():
     clock = FakeClock()
     d = BufferDebloater(2, capacity=8, target_s=0.2, clock=clock)
-    for _ in range(40):  # 20 messages per second: 4 drain in 0.2 s, 2 per channel
-        clock.advance(0.05)
-        d.taken()
-    assert d.throughput == pytest.approx(20.0, rel=0.1)
+    _process(d, clock, 40, 0.05)  # 20 per second: 4 drain in 0.2 s, 2 per channel
+    assert d.throughput == pytest.approx(20.0, rel=0.01)
     assert d.credits == [1, 1]
     assert d.lowest_credit == 1
 
@@ -106,9 +112,7 @@ def test_a_slow_reader_gets_the_smallest_credit():
 def test_a_fast_reader_keeps_the_full_capacity():
     clock = FakeClock()
     d = BufferDebloater(4, capacity=8, target_s=0.2, clock=clock)
-    for _ in range(2000):  # 2000 per second: 100 per channel in 0.2 s
-        clock.advance(0.0005)
-        d.taken()
+    _process(d, clock, 2000, 0.0005)  # 2000 per second: 100 per channel in 0.2 s
     assert d.periods >= 4
     assert d.credits == [8, 8, 8, 8]
     assert d.lowest_credit == 8
@@ -126,27 +130,36 @@ def test_the_credit_is_half_of_each_channels_share_within_bounds():
 def test_idle_time_is_not_counted_as_slowness():
     clock = FakeClock()
     d = BufferDebloater(2, capacity=8, target_s=0.2, clock=clock)
-    d.start()
+    d.reading()
     for _ in range(10):
         clock.advance(0.19)  # waiting for data: a starved reader, not a slow one
         d.idle(0.19)
-        for _ in range(10):
-            clock.advance(0.001)
-            d.taken()
-    assert d.throughput == pytest.approx(1000.0, rel=0.2)
+        _process(d, clock, 10, 0.001)
+    assert d.throughput == pytest.approx(1000.0, rel=0.01)
     assert d.credits == [8, 8]
+
+
+def test_a_period_of_waiting_with_a_quick_message_does_not_swing_it():
+    clock = FakeClock()
+    d = BufferDebloater(1, capacity=8, target_s=0.2, clock=clock)
+    _process(d, clock, 30, 0.1)  # 10 per second
+    assert d.credits == [1]
+    d.reading()
+    clock.advance(0.3)  # the upstream paused
+    d.idle(0.3)
+    d.taken()
+    clock.advance(0.000001)  # a marker, processed at once
+    d.reading()
+    assert d.throughput == pytest.approx(10.0, rel=0.25)  # not thousands
+    assert d.credits == [1]
 
 
 def test_the_credit_follows_the_reader_back_up():
     clock = FakeClock()
     d = BufferDebloater(1, capacity=8, target_s=0.2, clock=clock)
-    for _ in range(60):
-        clock.advance(0.1)
-        d.taken()
+    _process(d, clock, 60, 0.1)
     assert d.credits == [1]
-    for _ in range(20000):
-        clock.advance(0.0001)
-        d.taken()
+    _process(d, clock, 5000, 0.0002)
     assert d.credits == [8]
     assert d.lowest_credit == 1
 
@@ -155,11 +168,11 @@ def test_the_start_up_is_not_measured():
     clock = FakeClock()
     d = BufferDebloater(2, capacity=8, target_s=0.2, clock=clock)
     clock.advance(3.0)  # opening operators, restoring state: no data asked for yet
-    d.start()
-    for _ in range(1000):
-        clock.advance(0.001)
-        d.taken()
-    assert d.throughput == pytest.approx(1000.0, rel=0.1)
+    d.reading()
+    clock.advance(1.0)  # waiting for the first data
+    d.idle(1.0)
+    _process(d, clock, 1000, 0.001)
+    assert d.throughput == pytest.approx(1000.0, rel=0.01)
     assert d.lowest_credit == 8
 
 
