@@ -3,6 +3,8 @@
     python tests/chaos/run_chaos.py --sink collect|files|s3|all --seeds 100 [--first 0]
         [--records 300000] [--parallelism 2] [--kills 4] [--rate 100000]
         [--rerun coin|always|never] [--cancel coin|always|never] [--timeout 300] [--verbose]
+        [--alignment aligned|unaligned|timeout|coin] [--hot-delay SECONDS]
+        [--alignment-timeout MS]
 
 Each seed runs the keyed running sum (tests/chaos/harness.py) into CollectSink, FileSink
 or S3FileSink (EXACTLY_ONCE) under ``FaultPlan.random(seed, kills=K, ...)`` drawn from
@@ -17,6 +19,19 @@ four), and then, with seeded coins:
   transaction (in-progress file, open multipart upload) and no actor
   ``rayflow:<job id>:*`` may remain, and a run with ``restore_from="latest"`` (the same
   faults again) resumes it.
+
+Alignment (``--alignment``): aligned checkpoints (the default), unaligned ones
+(``enable_unaligned_checkpoints``), aligned ones that switch to unaligned after
+``--alignment-timeout`` ms (``set_aligned_checkpoint_timeout``), or ``coin``: unaligned
+or with timeout, a seeded choice per seed. Under unaligned or timeout the sum subtask
+that owns key 0 sleeps ``--hot-delay`` seconds per batch (default 0.01; 0 for aligned),
+so its input channels back up and checkpoints hold channel state; the plan then also
+draws ``DURING_CHANNEL_STATE_WRITE`` (a kill in the blob-writing thread, before a blob
+that holds channel state is written; aimed at that hot subtask, and it fires only in an
+attempt that writes such a blob). The seed line gives ``cs=C/K``: of the last (at most
+10) completed checkpoints of the run checked, K, how many held channel state, C; and
+``restore_cs=yes|no|?``: whether the checkpoint its last restore came from held channel
+state (``?``: not among those).
 
 Checks: every running total the job emits is committed exactly once (each key's
 committed totals rise strictly and end at the exact sum; the row count is the exact one:
@@ -55,6 +70,12 @@ import ray  # noqa: E402
 
 from rayflow import DeliveryGuarantee, JobCancelledError, JobFailedError  # noqa: E402
 from rayflow.checkpoint.storage import CheckpointStorage, JobStorage  # noqa: E402
+from rayflow.config import CheckpointAlignment  # noqa: E402
+from rayflow.keygroups import (  # noqa: E402
+    DEFAULT_MAX_PARALLELISM,
+    key_group_of,
+    subtask_of_key_group,
+)
 from rayflow.testing import (  # noqa: E402
     ALL_RANDOM_POINTS,
     Fault,
@@ -87,9 +108,34 @@ _CHECKPOINT_BOUND = {
         "JOB_MASTER_BEFORE_NOTIFY",
         "DURING_BLOB_WRITE",
         "DURING_COMMIT_POINT",
+        "DURING_CHANNEL_STATE_WRITE",
     )
     if hasattr(FaultPoint, name)
 }
+ALIGNMENTS = {
+    "aligned": CheckpointAlignment.ALIGNED,
+    "unaligned": CheckpointAlignment.UNALIGNED,
+    "timeout": CheckpointAlignment.ALIGNED_WITH_TIMEOUT,
+}
+HOT_DELAY_S = 0.01  # per batch at the sum subtask owning key 0, unless aligned
+ALIGNMENT_TIMEOUT_MS = 20
+HOT_VERTEX = "Sum"  # the chained vertex of the running sum (and the sink)
+
+
+def hot_subtask(parallelism: int) -> int:
+    """The sum subtask that owns key 0: the one slowed down by ``hot_delay_s``."""
+    mp = DEFAULT_MAX_PARALLELISM  # the harness sets none
+    return subtask_of_key_group(key_group_of(0, mp), parallelism, mp)
+
+
+def choose_alignment(seed: int, alignment: str) -> str:
+    """``alignment`` itself, or for ``coin`` the seed's choice of unaligned or timeout
+    (its own random stream: the plan and the other coins do not change with it)."""
+    if alignment == "coin":
+        return random.Random(f"rayflow-chaos-alignment:{seed}").choice(["unaligned", "timeout"])
+    if alignment not in ALIGNMENTS:
+        raise ValueError(f"alignment must be one of {[*ALIGNMENTS, 'coin']}, got {alignment!r}")
+    return alignment
 
 
 # --- where each sink's output goes and how it is read back -----------------------------
@@ -245,6 +291,7 @@ class SeedResult:
     rerun: bool
     cancel: bool
     fmt: str = "jsonl"
+    alignment: str = "aligned"
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     restarts: list[int] = field(default_factory=list)  # per run checked (cancelled, final)
@@ -253,6 +300,11 @@ class SeedResult:
     rows: int = 0
     expected_rows: int = 0
     seconds: float = 0.0
+    #: of the run checked: completed checkpoints (of the last 10) holding channel state,
+    #: completed ones, and whether its last restore's checkpoint held channel state
+    channel_state: tuple[int, int] = (0, 0)
+    restored_channel_state: bool | None = None
+    restored: bool = False
     #: (storage, job, run id) of the run being waited for: its failures when it fails
     current_run: tuple[str, str, str] | None = None
 
@@ -265,19 +317,33 @@ class SeedResult:
 
     def line(self) -> str:
         modes = "".join(("+rerun" if self.rerun else "", "+cancel" if self.cancel else ""))
+        if not self.restored:
+            restore = "-"
+        else:
+            restore = {True: "yes", False: "no", None: "?"}[self.restored_channel_state]
+        unaligned = (
+            f"cs={self.channel_state[0]}/{self.channel_state[1]} restore_cs={restore} "
+            if self.alignment != "aligned"
+            else ""
+        )
         return (
-            f"seed={self.seed:<4} sink={self.sink:<7} {modes or '-':<13} "
+            f"seed={self.seed:<4} sink={self.sink:<7} align={self.alignment:<9} "
+            f"{modes or '-':<13} "
             f"faults=[{self.faults()}] "
             f"restarts={'+'.join(map(str, self.restarts)) or '-'} "
             f"jm_restarts={'+'.join(map(str, self.master_restarts)) or '-'} "
             f"rows={self.rows}/{self.expected_rows} "
+            f"{unaligned}"
             f"{'PASS' if self.ok else 'FAIL'} {self.seconds:.1f}s"
             + (f" ({'; '.join(self.notes)})" if self.notes else "")
         )
 
     def report(self) -> str:
         """What to look at when the seed failed: problems, the plan, the runs' failures."""
-        lines = [f"  seed {self.seed} ({self.sink}, format {self.fmt}) problems:"]
+        lines = [
+            f"  seed {self.seed} ({self.sink}, format {self.fmt}, alignment "
+            f"{self.alignment}) problems:"
+        ]
         lines += [f"    - {p}" for p in self.problems]
         lines.append("  plan:")
         lines += [f"    {f}" for f in self.plan.faults]
@@ -297,10 +363,16 @@ def describe(fault: Any) -> str:
     return text
 
 
-def draw(seed: int, parallelism: int, kills: int, n: int) -> tuple[FaultPlan, bool, bool, str]:
-    """The seed's plan and coins: rerun first, cancel mid-run, the file format."""
+def draw(
+    seed: int, parallelism: int, kills: int, n: int, alignment: str = "aligned"
+) -> tuple[FaultPlan, bool, bool, str]:
+    """The seed's plan and coins: rerun first, cancel mid-run, the file format. Unless
+    ``alignment`` is aligned (whose plans stay as they were), the points include
+    DURING_CHANNEL_STATE_WRITE."""
     coins = random.Random(f"rayflow-chaos:{seed}")
     points = list(ALL_RANDOM_POINTS)
+    if alignment != "aligned":
+        points.append(FaultPoint.DURING_CHANNEL_STATE_WRITE)
     # FaultPlan.random takes points[0..kills-1] in list order before it draws at random:
     # shuffled, every point gets its turn across seeds.
     coins.shuffle(points)
@@ -325,7 +397,8 @@ def make_effective(
     no later attempt ever starts, and DURING_RESTART_DELAY fires only in the restart
     delay after its attempt failed of something else. So the attempts holding a
     FINAL_NOTIFY go last, and each DURING_RESTART_DELAY gets a kill of another subtask
-    in its attempt.
+    in its attempt. DURING_CHANNEL_STATE_WRITE fires only at a subtask whose blob holds
+    channel state: it is aimed at the running sum's hot subtask (see ``hot_subtask``).
     """
     attempts = sorted({f.attempt for f in plan.faults})
     groups = [[f for f in plan.faults if f.attempt == a] for a in attempts]
@@ -334,6 +407,8 @@ def make_effective(
     faults = []
     for attempt, group in enumerate(groups):
         for fault in group:
+            if fault.point is FaultPoint.DURING_CHANNEL_STATE_WRITE:
+                fault = replace(fault, vertex=HOT_VERTEX, subtask=hot_subtask(parallelism))
             faults.append(replace(fault, attempt=attempt))
             if fault.point is FaultPoint.DURING_RESTART_DELAY:
                 faults.append(
@@ -434,19 +509,35 @@ def run_seed(
     rerun: bool | None = None,
     cancel: bool | None = None,
     timeout_s: float = 300.0,
+    alignment: str = "aligned",
+    hot_delay_s: float | None = None,
+    alignment_timeout_ms: int = ALIGNMENT_TIMEOUT_MS,
 ) -> SeedResult:
     """Run one seed into one sink kind and check it; never raises for a failed job.
 
     ``rerun`` and ``cancel`` default to the seed's coins. ``server``: the moto server
     (``tests.s3_server.start_server()``), needed for ``s3``. ``workdir``: where the
     checkpoint storage and file output go (a temporary directory when None).
+    ``alignment``: aligned, unaligned, timeout (aligned with ``alignment_timeout_ms``)
+    or coin (the seed picks unaligned or timeout); ``hot_delay_s`` defaults to
+    ``HOT_DELAY_S`` unless aligned.
     """
     if sink not in SINKS:
         raise ValueError(f"sink must be one of {SINKS}, got {sink!r}")
-    plan, coin_rerun, coin_cancel, fmt = draw(seed, parallelism, kills, n)
+    alignment = choose_alignment(seed, alignment)
+    if hot_delay_s is None:
+        hot_delay_s = 0.0 if alignment == "aligned" else HOT_DELAY_S
+    plan, coin_rerun, coin_cancel, fmt = draw(seed, parallelism, kills, n, alignment)
     rerun = coin_rerun if rerun is None else rerun
     cancel = coin_cancel if cancel is None else cancel
-    result = SeedResult(seed, sink, plan, rerun, cancel, fmt if sink == "files" else "jsonl")
+    result = SeedResult(
+        seed, sink, plan, rerun, cancel, fmt if sink == "files" else "jsonl", alignment
+    )
+    job_options = {
+        "alignment": ALIGNMENTS[alignment],
+        "alignment_timeout_ms": alignment_timeout_ms,
+        "hot_delay_s": hot_delay_s,
+    }
     result.expected_rows = expected_rows(n, parallelism, BATCH)
     started = time.time()
     with tempfile.TemporaryDirectory(prefix=f"rayflow-chaos-{seed}-") as scratch:
@@ -461,7 +552,16 @@ def run_seed(
                 raise ValueError("sink 's3' needs the moto server (server=start_server())")
             target = _S3Target(server)
         try:
-            _seed_body(result, target, n, parallelism, rate, os.path.join(base, "chk"), timeout_s)
+            _seed_body(
+                result,
+                target,
+                n,
+                parallelism,
+                rate,
+                os.path.join(base, "chk"),
+                timeout_s,
+                job_options,
+            )
         except JobFailedError as exc:
             result.problems.append(f"job failed: {type(exc).__name__}: {exc}")
             if result.current_run is not None:
@@ -488,7 +588,10 @@ def _seed_body(
     rate: float | None,
     storage: str,
     timeout_s: float,
+    job_options: dict[str, Any] | None = None,
 ) -> None:
+    """``job_options``: more keyword arguments of ``build_keyed_sum`` (alignment, ...)."""
+    job_options = job_options or {}
     job = unique_job(f"chaos-{result.sink}-{result.seed}")
     problems = result.problems
 
@@ -504,6 +607,7 @@ def _seed_body(
             checkpoint_ms=CHECKPOINT_MS,
             sink=pre_sink,
             storage=storage,
+            **job_options,
         )
         pre_client = env.execute_async(job)
         result.current_run = (storage, job, pre_client.run_id)
@@ -525,6 +629,7 @@ def _seed_body(
         sink=first_sink,
         storage=storage,
         plan=result.plan,
+        **job_options,
     )
     client = env.execute_async(job)
     result.current_run = (storage, job, client.run_id)
@@ -589,6 +694,7 @@ def _seed_body(
             sink=final_sink,
             storage=storage,
             plan=result.plan,
+            **job_options,
         )
         final_client = env.execute_async(job, restore_from="latest")
         result.current_run = (storage, job, final_client.run_id)
@@ -599,6 +705,7 @@ def _seed_body(
     result.restarts.append(final.restarts)
     result.master_restarts.append(final.job_master_restarts)
     result.failures += final.failures
+    _record_channel_state(result, final)
 
     left = target.open_transactions()
     if left:
@@ -626,6 +733,20 @@ def _seed_body(
         what = "all committed output" if result.cancel else "committed"
     result.rows = table.num_rows
     problems += check_exactly_once(table, n, parallelism, what)
+
+
+def _record_channel_state(result: SeedResult, final: Any) -> None:
+    """How many of the run's last completed checkpoints held channel state, and whether
+    the one its last restore came from did (when it is among them)."""
+    completed = [c for c in final.checkpoints if c["status"] == "COMPLETED"]
+    result.channel_state = (
+        sum(1 for c in completed if c.get("channel_state_size")),
+        len(completed),
+    )
+    result.restored = final.restored_from is not None
+    for c in completed:
+        if c["checkpoint_id"] == final.restored_from:
+            result.restored_channel_state = bool(c.get("channel_state_size"))
 
 
 def _job_state(storage: str, job: str, run_id: str) -> Any:
@@ -686,6 +807,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cancel", choices=["coin", "always", "never"], default="coin")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per run")
     parser.add_argument("--verbose", action="store_true", help="show Ray worker logs")
+    parser.add_argument(
+        "--alignment",
+        choices=[*ALIGNMENTS, "coin"],
+        default="aligned",
+        help="checkpoint alignment (coin: unaligned or timeout, seeded per seed)",
+    )
+    parser.add_argument(
+        "--hot-delay",
+        type=float,
+        default=None,
+        help=f"seconds per batch at the hot sum subtask (default {HOT_DELAY_S} unless aligned)",
+    )
+    parser.add_argument(
+        "--alignment-timeout",
+        type=int,
+        default=ALIGNMENT_TIMEOUT_MS,
+        help=f"ms, for --alignment timeout (default {ALIGNMENT_TIMEOUT_MS})",
+    )
     args = parser.parse_args(argv)
     sinks = list(SINKS) if args.sink == "all" else [args.sink]
     force = {"coin": None, "always": True, "never": False}
@@ -722,6 +861,9 @@ def main(argv: list[str] | None = None) -> int:
                     rerun=force[args.rerun],
                     cancel=force[args.cancel],
                     timeout_s=args.timeout,
+                    alignment=args.alignment,
+                    hot_delay_s=args.hot_delay,
+                    alignment_timeout_ms=args.alignment_timeout,
                 )
                 print(outcome_.line(), flush=True)
                 if outcome_.ok:
