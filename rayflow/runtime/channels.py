@@ -33,8 +33,12 @@ from typing import Any, Protocol
 import ray
 
 from rayflow.runtime.debloat import BufferDebloater
+from rayflow.runtime.events import CheckpointBarrier, EndOfInput, LatencyMarker
 
 CONTROL = -1
+
+#: Messages on a channel that are not data: not counted by buffer debloating.
+_EVENTS = (CheckpointBarrier, EndOfInput, LatencyMarker)
 
 
 class ChannelRecorder(Protocol):
@@ -153,8 +157,8 @@ class InputGate:
         item = self._buffers[channel].popleft()
         self.taken[channel] += 1
         self._buffered -= 1
-        if debloater is not None:
-            debloater.taken()
+        if debloater is not None and not isinstance(item, _EVENTS):
+            debloater.taken()  # barriers, markers, end of input are not data to size for
         space = self._space[channel]
         async with space:
             space.notify_all()
