@@ -17,32 +17,7 @@ import pytest
 from rayflow.runtime.channels import InputGate, OutputChannel
 from rayflow.runtime.debloat import BufferDebloater
 from rayflow.runtime.events import CheckpointBarrier, EndOfInput, LatencyMarker
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-class _Remote:
-    def __init__(self, fn: Any) -> None:
-        self.fn = fn
-
-    def remote(self, *args: Any) -> asyncio.Task:
-        return asyncio.ensure_future(self.fn(*args))
-
-
-class FakeReceiver:
-    def __init__(self, gate: InputGate, rng: random.Random) -> None:
-        self.gate, self.rng = gate, rng
-        self.push = _Remote(self._push)
-
-    async def _push(self, channel: int, seq: int, attempt: int, message: Any) -> Any:
-        await asyncio.sleep(self.rng.random() * 0.001)
-        return await self.gate.push(channel, seq, message)
+from tests.unit.test_debloat import FakeClock, FakeReceiver
 
 
 def run(coro: Any) -> Any:
