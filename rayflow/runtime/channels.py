@@ -157,8 +157,11 @@ class InputGate:
         item = self._buffers[channel].popleft()
         self.taken[channel] += 1
         self._buffered -= 1
-        if debloater is not None and not isinstance(item, _EVENTS):
-            debloater.taken()  # barriers, markers, end of input are not data to size for
+        if debloater is not None:
+            if not isinstance(item, _EVENTS):
+                debloater.taken()  # barriers, markers, end of input are not data to size for
+            elif isinstance(item, EndOfInput):
+                debloater.channel_ended()
         space = self._space[channel]
         async with space:
             space.notify_all()

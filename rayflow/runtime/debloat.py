@@ -80,6 +80,8 @@ class BufferDebloater:
         if not 0 < smoothing <= 1:
             raise ValueError(f"buffer debloating: smoothing must be in (0, 1], got {smoothing}")
         self.num_channels = num_channels
+        #: channels that have not delivered end of input: they share the credit
+        self.open_channels = num_channels
         self.capacity = capacity
         self.target_s = target_s
         self.period_s = period_s
@@ -143,9 +145,14 @@ class BufferDebloater:
         """The reader took a data message (counted once it comes back for the next)."""
         self._holding = True
 
+    def channel_ended(self) -> None:
+        """A channel delivered end of input: the open ones share what the reader drains."""
+        self.open_channels = max(self.open_channels - 1, 0)
+
     def credit_for(self, throughput: float) -> int:
-        """The per-channel credit at ``throughput`` messages per busy second."""
-        per_channel = throughput * self.target_s / max(self.num_channels, 1)
+        """The per-channel credit at ``throughput`` messages per busy second, shared by
+        the channels still open."""
+        per_channel = throughput * self.target_s / max(self.open_channels, 1)
         if not math.isfinite(per_channel):
             return self.capacity
         half = math.floor(per_channel / 2 + 0.5)

@@ -129,11 +129,20 @@ def test_markers_and_barriers_are_counted_as_processed_data_messages() -> None:
     assert throughput is None, f"no data message was processed, yet throughput={throughput}"
 
 
-def test_ended_channels_still_take_a_share_of_the_credit() -> None:
-    """Design finding: credit = throughput*target/num_channels/2 over *all* channels,
-    also those that delivered EndOfInput (or are blocked). With 8 channels of which 7
-    ended, the one live channel gets 1/8 of what the reader drains in the target."""
+def test_ended_channels_take_no_share_of_the_credit() -> None:
+    """credit = throughput * target / open channels / 2: with 8 channels of which 7
+    delivered EndOfInput, the one live channel gets what the reader drains, not 1/8."""
     debloater = BufferDebloater(8, 64, 1.0)
-    # the reader drains 80 msgs/s: in 1 s target, 80 messages; one live channel could
-    # hold 40 (half), it gets round(80/8/2) = 5
+    # the reader drains 80 msgs/s: in a 1 s target, 80 messages; 8 open channels get
+    # round(80/8/2) = 5 each, one open channel round(80/2) = 40
     assert debloater.credit_for(80.0) == 5
+    gate = InputGate(8, 64, debloater)
+
+    async def scenario() -> None:
+        for channel in range(7):
+            await gate.push(channel, 0, EndOfInput())
+            await gate.next()
+
+    run(scenario())
+    assert debloater.open_channels == 1
+    assert debloater.credit_for(80.0) == 40
