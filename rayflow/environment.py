@@ -25,6 +25,11 @@ from rayflow.guarantees import DeliveryGuarantee, end_to_end
 from rayflow.keygroups import DEFAULT_MAX_PARALLELISM
 from rayflow.plan.logical import LogicalPlan
 from rayflow.plan.physical import JobGraph, build_job_graph
+from rayflow.runtime.channels import (
+    DEFAULT_BUFFER_BYTES,
+    DEFAULT_BUFFER_TIMEOUT_MS,
+    DEFAULT_CHANNEL_BYTES,
+)
 from rayflow.runtime.debloat import MIN_TARGET_MS
 from rayflow.runtime.job_master import JobMaster, _unwrap
 from rayflow.runtime.latency import DEFAULT_LATENCY_TRACKING_INTERVAL_MS, LatencyTracker
@@ -462,6 +467,9 @@ class StreamExecutionEnvironment:
         self._send_window = 8
         self._latency_tracking_interval_ms = DEFAULT_LATENCY_TRACKING_INTERVAL_MS
         self._debloat_target_ms: int | None = None
+        self._buffer_timeout_ms = DEFAULT_BUFFER_TIMEOUT_MS
+        self._buffer_bytes = DEFAULT_BUFFER_BYTES
+        self._channel_bytes = DEFAULT_CHANNEL_BYTES
         self._subtask_options: dict[str, Any] = {}
         self._checkpoint_config = CheckpointConfig()
         self._restart_strategy: RestartStrategy | None = None
@@ -515,15 +523,53 @@ class StreamExecutionEnvironment:
         return self
 
     def set_buffer_limits(
-        self, channel_capacity: int = 8, send_window: int = 8
+        self,
+        channel_capacity: int = 8,
+        send_window: int = 8,
+        channel_bytes: int = DEFAULT_CHANNEL_BYTES,
     ) -> StreamExecutionEnvironment:
-        """Backpressure bounds: batches buffered per input channel, unacknowledged pushes per
-        output channel."""
-        if channel_capacity < 1 or send_window < 1:
-            raise ValueError("set_buffer_limits: both limits must be >= 1")
+        """Backpressure bounds, per channel: messages buffered at the receiving subtask
+        (``channel_capacity``), unacknowledged pushes of the sender (``send_window``), and
+        bytes of batches for each of the two (``channel_bytes``, 1 MiB by default; a
+        message bigger than that still goes, alone). What is in flight bounds how long an
+        aligned barrier waits behind data under backpressure."""
+        if channel_capacity < 1 or send_window < 1 or channel_bytes < 1:
+            raise ValueError("set_buffer_limits: every limit must be >= 1")
         self._channel_capacity = channel_capacity
         self._send_window = send_window
+        self._channel_bytes = channel_bytes
         return self
+
+    def set_buffer_timeout(self, timeout_ms: int) -> StreamExecutionEnvironment:
+        """The longest time a batch written by an operator waits in its output channel
+        before it is sent (Flink's ``execution.buffer-timeout``, 100 ms by default).
+        Batches written within the timeout go together as one message, at the latest
+        once they reach the output buffer size; a barrier or the end of input sends them
+        first. 0 sends every batch at once (lowest latency, one call per batch)."""
+        if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, int) or timeout_ms < 0:
+            raise ValueError(
+                "set_buffer_timeout: timeout_ms must be an int >= 0 (0 sends every batch at "
+                f"once), got {timeout_ms!r}"
+            )
+        self._buffer_timeout_ms = timeout_ms
+        return self
+
+    def get_buffer_timeout(self) -> int:
+        """Milliseconds written data may wait in an output channel (0: sent at once)."""
+        return self._buffer_timeout_ms
+
+    def set_output_buffer_size(self, size_bytes: int) -> StreamExecutionEnvironment:
+        """An output channel sends what it holds once its batches reach ``size_bytes``
+        (1 MiB by default); the buffer timeout bounds how long they wait for that."""
+        if isinstance(size_bytes, bool) or not isinstance(size_bytes, int) or size_bytes < 1:
+            raise ValueError(
+                f"set_output_buffer_size: size_bytes must be an int >= 1, got {size_bytes!r}"
+            )
+        self._buffer_bytes = size_bytes
+        return self
+
+    def get_output_buffer_size(self) -> int:
+        return self._buffer_bytes
 
     def set_latency_tracking_interval(self, interval_ms: int) -> StreamExecutionEnvironment:
         """Sources send a latency marker every ``interval_ms`` (0 turns tracking off); the
@@ -709,6 +755,9 @@ class StreamExecutionEnvironment:
             channel_capacity=self._channel_capacity,
             send_window=self._send_window,
             latency_tracking_interval_ms=self._latency_tracking_interval_ms,
+            buffer_timeout_ms=self._buffer_timeout_ms,
+            buffer_bytes=self._buffer_bytes,
+            channel_bytes=self._channel_bytes,
             debloat_target_ms=self._debloat_target_ms,
             subtask_options=dict(self._subtask_options),
             checkpoint_config=config,

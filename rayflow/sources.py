@@ -27,7 +27,36 @@ __all__ = [
     "FileSource",
 ]
 
-DEFAULT_BATCH_SIZE = 8192
+#: Sources read batches of about this many bytes unless given a ``batch_size`` in rows.
+DEFAULT_BATCH_BYTES = 1 << 20
+#: A rate-limited source reads at most this many seconds' worth of records per batch.
+_RATE_LIMITED_BATCH_S = 0.01
+
+
+def batch_rows(
+    row_bytes: float,
+    batch_size: int | None,
+    records_per_second: float | None = None,
+    batch_bytes: int = DEFAULT_BATCH_BYTES,
+) -> int:
+    """Rows per batch: ``batch_size`` when given, else as many rows of ``row_bytes`` as
+    fill ``batch_bytes`` (at most 10 ms worth of a rate-limited source), at least 1."""
+    if batch_size is not None:
+        return batch_size
+    rows = int(batch_bytes // max(row_bytes, 1.0))
+    if records_per_second:
+        rows = min(rows, int(records_per_second * _RATE_LIMITED_BATCH_S))
+    return max(1, rows)
+
+
+def _check_batch_size(source: str, batch_size: int | None) -> None:
+    if batch_size is not None and (
+        isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0
+    ):
+        raise ValueError(
+            f"{source}: batch_size must be a positive int (rows) or None (sized by bytes), "
+            f"got {batch_size!r}"
+        )
 
 
 @dataclasses.dataclass
@@ -121,16 +150,16 @@ class NumberSequenceSource(Source):
         start: int,
         end: int,
         *,
-        batch_size: int = DEFAULT_BATCH_SIZE,
+        batch_size: int | None = None,
         records_per_second: float | None = None,
     ) -> None:
         if end < start:
             raise ValueError(f"NumberSequenceSource: end ({end}) is before start ({start})")
-        if batch_size <= 0:
-            raise ValueError(f"NumberSequenceSource: batch_size must be positive, got {batch_size}")
+        _check_batch_size("NumberSequenceSource", batch_size)
         self.start = start
         self.end = end
-        self.batch_size = batch_size
+        #: rows per batch: as given, else about ``DEFAULT_BATCH_BYTES`` of int64 values
+        self.batch_size = batch_rows(8, batch_size, records_per_second)
         self.records_per_second = records_per_second
 
     def create_splits(self, parallelism: int) -> list[SourceSplit]:
@@ -178,9 +207,10 @@ class CollectionSource(Source):
         self,
         records: Sequence[dict[str, Any]] | pa.Table | pa.RecordBatch,
         *,
-        batch_size: int = DEFAULT_BATCH_SIZE,
+        batch_size: int | None = None,
         schema: pa.Schema | None = None,
     ) -> None:
+        _check_batch_size("CollectionSource", batch_size)
         if isinstance(records, pa.RecordBatch):
             table = pa.Table.from_batches([records])
         elif isinstance(records, pa.Table):
@@ -191,7 +221,9 @@ class CollectionSource(Source):
                 raise ValueError("CollectionSource: an empty collection needs a schema")
             table = pa.Table.from_pylist(records, schema=schema)
         self.table = table
-        self.batch_size = batch_size
+        row_bytes = table.nbytes / table.num_rows if table.num_rows else 1.0
+        #: rows per batch: as given, else about ``DEFAULT_BATCH_BYTES`` of the table's rows
+        self.batch_size = batch_rows(row_bytes, batch_size)
 
     def create_splits(self, parallelism: int) -> list[SourceSplit]:
         total = self.table.num_rows
@@ -257,7 +289,12 @@ class _FileReader(_SequentialReader):
             split.done = True
             self._open = None
             return None
-        chunk = table.slice(split.rows_read, self._source.batch_size).combine_chunks()
+        if self._source.batch_size is None:
+            row_bytes = table.nbytes / table.num_rows
+            rows = batch_rows(row_bytes, None)
+        else:
+            rows = self._source.batch_size
+        chunk = table.slice(split.rows_read, rows).combine_chunks()
         split.rows_read += chunk.num_rows
         return chunk.to_batches()[0]
 
@@ -275,8 +312,9 @@ class FileSource(Source):
         format: str,
         *,
         filesystem: Any = None,
-        batch_size: int = DEFAULT_BATCH_SIZE,
+        batch_size: int | None = None,
     ) -> None:
+        _check_batch_size("FileSource", batch_size)
         if format not in _FORMATS:
             raise ValueError(f"FileSource: format must be one of {_FORMATS}, got {format!r}")
         self.path = path

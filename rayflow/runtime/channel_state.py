@@ -30,6 +30,8 @@ from typing import Any
 
 import pyarrow as pa
 
+from rayflow.runtime.events import unbundled
+
 __all__ = [
     "ChannelStateRecorder",
     "ChannelState",
@@ -111,11 +113,17 @@ class ChannelStateRecorder:
         self._items = [{} for _ in self._items]
 
     def channel_state(self) -> ChannelState:
-        """The record batches of every channel's range, in sequence order (end-of-input
-        and older barriers are left out: the restored senders send their own)."""
+        """The record batches of every channel's range, in sequence order, bundles opened
+        (end-of-input, latency markers and older barriers are left out: the restored
+        senders send their own)."""
         state: ChannelState = {}
         for channel, items in enumerate(self._items):
-            batches = [items[s] for s in sorted(items) if isinstance(items[s], pa.RecordBatch)]
+            batches = [
+                item
+                for s in sorted(items)
+                for item in unbundled(items[s])
+                if isinstance(item, pa.RecordBatch)
+            ]
             if batches:
                 state[channel] = batches
         return state

@@ -7,9 +7,21 @@ buffer has room; a ``push`` call waits until then, so a fast sender is held
 back by a slow receiver. The sending :class:`OutputChannel` keeps at most
 ``window`` pushes unacknowledged and awaits the oldest when the window is full.
 Per channel, at most ``window`` messages are in flight and ``capacity`` are
-buffered: memory stays bounded whatever the speed of the receiver.
+buffered, and in bytes of batches at most ``window_bytes`` in flight and
+``capacity_bytes`` buffered (a bigger message is admitted alone, into an empty
+buffer): memory stays bounded whatever the speed of the receiver and whatever the
+size of the messages.
 
 Messages of another attempt (a previous incarnation of the job) are dropped.
+
+Output buffering (Flink's network buffers with ``execution.buffer-timeout``): with a
+``buffer_bytes`` target an :class:`OutputChannel` holds the batches and latency markers
+written to it and sends them together, as one :class:`Bundle` message, once they reach
+``buffer_bytes`` or when the subtask flushes it (its buffer timeout expired, or an event
+-- a barrier, end of input -- must follow them). A bundle keeps its batches as they were
+(no concatenation), so every operator downstream sees the same batches whatever the
+timing: results do not depend on how messages were coalesced. A bundle is one message
+of the channel: one sequence number, one credit.
 
 With buffer debloating (a :class:`~rayflow.runtime.debloat.BufferDebloater` handed to the
 gate) a channel's buffer is bounded by its *credit* instead, between 1 and ``capacity``,
@@ -30,12 +42,32 @@ import asyncio
 from collections import deque
 from typing import Any, Protocol
 
+import pyarrow as pa
 import ray
 
 from rayflow.runtime.debloat import BufferDebloater
-from rayflow.runtime.events import CheckpointBarrier, EndOfInput, LatencyMarker
+from rayflow.runtime.events import Bundle, CheckpointBarrier, EndOfInput, LatencyMarker
 
 CONTROL = -1
+
+#: The longest time written data waits in an output channel by default (Flink's
+#: ``execution.buffer-timeout``); 0 sends every batch at once.
+DEFAULT_BUFFER_TIMEOUT_MS = 100
+#: An output channel sends what it holds once its batches reach this many bytes.
+DEFAULT_BUFFER_BYTES = 1 << 20
+#: Per channel, the most bytes of batches buffered at the receiver, and the most in
+#: flight from the sender (a bigger message still goes, alone).
+DEFAULT_CHANNEL_BYTES = 1 << 20
+
+
+def message_bytes(message: Any) -> int:
+    """Bytes of record batches a channel message carries (0 for an event)."""
+    if isinstance(message, pa.RecordBatch):
+        return message.nbytes
+    if isinstance(message, Bundle):
+        return sum(i.nbytes for i in message.items if isinstance(i, pa.RecordBatch))
+    return 0
+
 
 #: Messages on a channel that are not data: not counted by buffer debloating.
 _EVENTS = (CheckpointBarrier, EndOfInput, LatencyMarker)
@@ -57,10 +89,18 @@ class InputGate:
     """
 
     def __init__(
-        self, num_channels: int, capacity: int, debloater: BufferDebloater | None = None
+        self,
+        num_channels: int,
+        capacity: int,
+        debloater: BufferDebloater | None = None,
+        capacity_bytes: int = DEFAULT_CHANNEL_BYTES,
     ) -> None:
         self.num_channels = num_channels
         self.capacity = capacity
+        self.capacity_bytes = capacity_bytes
+        #: per channel, bytes of the batches buffered, and each buffered message's bytes
+        self._bytes = [0] * num_channels
+        self._sizes: list[deque[int]] = [deque() for _ in range(num_channels)]
         self.debloater = debloater
         #: per channel, the most messages buffered: ``capacity``, or the debloater's credit
         self._limits = debloater.credits if debloater is not None else [capacity] * num_channels
@@ -86,6 +126,16 @@ class InputGate:
         None."""
         buffer, next_seq = self._buffers[channel], self._next_seq
         space = self._space[channel]
+        size = message_bytes(item)
+        held, cap_bytes = self._bytes, self.capacity_bytes
+
+        def admissible() -> bool:
+            return (
+                next_seq[channel] == seq
+                and len(buffer) < self._limits[channel]
+                and (not buffer or held[channel] + size <= cap_bytes)
+            )
+
         # Visible to a recorder from here on, before anything can wait.
         waiting = self._waiting[channel]
         waiting[seq] = item
@@ -93,16 +143,13 @@ class InputGate:
             recorder.offer(channel, seq, item)
         try:
             async with space:
-                if not (next_seq[channel] == seq and len(buffer) < self._limits[channel]):
-                    await space.wait_for(
-                        lambda: (
-                            self._closed
-                            or (next_seq[channel] == seq and len(buffer) < self._limits[channel])
-                        )
-                    )
+                if not admissible():
+                    await space.wait_for(lambda: self._closed or admissible())
                 if self._closed:
                     return None
                 buffer.append(item)
+                self._sizes[channel].append(size)
+                held[channel] += size
                 next_seq[channel] = seq + 1
                 space.notify_all()
         finally:
@@ -155,6 +202,7 @@ class InputGate:
         if channel == CONTROL:
             return CONTROL, self._control.popleft()
         item = self._buffers[channel].popleft()
+        self._bytes[channel] -= self._sizes[channel].popleft()
         self.taken[channel] += 1
         self._buffered -= 1
         if debloater is not None:
@@ -217,25 +265,46 @@ class OutputChannel:
     With ``adaptive`` (buffer debloating) the window follows the credit the receiver
     returns from each push, bounded by ``[1, window]``; it is read whenever the sender
     awaits its oldest push.
+
+    With ``buffer_bytes`` > 0, :meth:`write` buffers batches and latency markers and sends
+    them as one :class:`Bundle` once the buffered batches reach ``buffer_bytes``; the
+    owner sends what is buffered with :meth:`send_buffered` (its buffer timeout). Events
+    sent with :meth:`send` always go after everything written before them.
     """
 
     def __init__(
-        self, receiver: Any, channel: int, attempt: int, window: int, adaptive: bool = False
+        self,
+        receiver: Any,
+        channel: int,
+        attempt: int,
+        window: int,
+        adaptive: bool = False,
+        buffer_bytes: int = 0,
+        window_bytes: int = DEFAULT_CHANNEL_BYTES,
     ) -> None:
         self.receiver = receiver
         self.channel = channel
         self.attempt = attempt
         self.window = window
         self.adaptive = adaptive
+        self.buffer_bytes = buffer_bytes
         #: the window in force: ``window``, or the receiver's latest credit within it
         self.current_window = window
         self._seq = 0
         self._in_flight: deque[ray.ObjectRef] = deque()
+        self._in_flight_sizes: deque[int] = deque()
+        self._in_flight_bytes = 0
+        self.window_bytes = window_bytes
         self.max_in_flight = 0
+        self._buffer: list[Any] = []
+        self._buffer_bytes = 0
+        #: messages that carried more than one item
+        self.bundles = 0
 
     async def _acknowledged(self) -> None:
         """Await the oldest push; with ``adaptive``, take the credit it returns."""
         credit = await self._in_flight.popleft()
+        self._in_flight_bytes -= self._in_flight_sizes.popleft()
         if self.adaptive and credit is not None:
             self.current_window = max(1, min(self.window, credit))
 
@@ -244,16 +313,74 @@ class OutputChannel:
         """How many messages were sent on this channel (the next one's sequence number)."""
         return self._seq
 
-    async def send(self, message: Any) -> None:
+    @property
+    def buffered(self) -> bool:
+        """Whether items were written that are not sent yet."""
+        return bool(self._buffer)
+
+    def _push(self, message: Any, size: int) -> None:
         in_flight = self._in_flight
-        while len(in_flight) >= self.current_window:
-            await self._acknowledged()
         in_flight.append(self.receiver.push.remote(self.channel, self._seq, self.attempt, message))
+        self._in_flight_sizes.append(size)
+        self._in_flight_bytes += size
         self._seq += 1
         if len(in_flight) > self.max_in_flight:
             self.max_in_flight = len(in_flight)
 
+    async def _send(self, message: Any) -> None:
+        size = message_bytes(message)
+        in_flight = self._in_flight
+        while in_flight and (
+            len(in_flight) >= self.current_window
+            or self._in_flight_bytes + size > self.window_bytes
+        ):
+            await self._acknowledged()
+        self._push(message, size)
+
+    def _take_buffer(self) -> Any:
+        buffer = self._buffer
+        self._buffer = []
+        self._buffer_bytes = 0
+        if len(buffer) == 1:
+            return buffer[0]
+        self.bundles += 1
+        return Bundle(tuple(buffer))
+
+    async def write(self, item: Any) -> bool:
+        """Buffer a batch or latency marker (or send it at once without ``buffer_bytes``).
+        Returns True when the buffer was empty and now holds ``item`` (the owner starts its
+        buffer timeout)."""
+        if not self.buffer_bytes:
+            await self._send(item)
+            return False
+        started = not self._buffer
+        self._buffer.append(item)
+        if isinstance(item, pa.RecordBatch):
+            self._buffer_bytes += item.nbytes
+            if self._buffer_bytes >= self.buffer_bytes:
+                await self._send(self._take_buffer())
+                return False
+        return started
+
+    async def send_buffered(self) -> None:
+        """Send what is buffered, as one message, once the window has room."""
+        if self._buffer:
+            await self._send(self._take_buffer())
+
+    def send_buffered_now(self) -> None:
+        """Send what is buffered without waiting for the window (one push over it at
+        most): the position then counts it, e.g. for a barrier announced out of band."""
+        if self._buffer:
+            message = self._take_buffer()
+            self._push(message, message_bytes(message))
+
+    async def send(self, message: Any) -> None:
+        """Send ``message`` after everything written so far."""
+        await self.send_buffered()
+        await self._send(message)
+
     async def flush(self) -> None:
-        """Wait until the receiver has admitted every message sent so far."""
+        """Send what is buffered and wait until the receiver has admitted every message."""
+        await self.send_buffered()
         while self._in_flight:
             await self._acknowledged()

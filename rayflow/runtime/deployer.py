@@ -95,4 +95,7 @@ class Deployer:
             hooks=hooks.for_subtask(vertex.name, index, attempt) if hooks else None,
             run_id=settings.run_id,
             latency_tracking_interval_ms=settings.latency_tracking_interval_ms,
+            buffer_timeout_s=settings.buffer_timeout_ms / 1000.0,
+            buffer_bytes=settings.buffer_bytes,
+            channel_bytes=settings.channel_bytes,
         )

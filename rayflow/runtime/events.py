@@ -1,8 +1,10 @@
-"""Control events that travel on data channels, ordered with the batches."""
+"""Messages that travel on data channels besides batches: control events, ordered with
+the batches, and bundles of batches."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -29,3 +31,16 @@ class LatencyMarker:
     created_at: float
     source: str
     subtask: int
+
+
+@dataclass(frozen=True, slots=True)
+class Bundle:
+    """Several batches and latency markers, in channel order, sent as one message (an
+    output channel's buffer); the batches are kept as they were written."""
+
+    items: tuple[Any, ...]
+
+
+def unbundled(message: Any) -> tuple[Any, ...]:
+    """The items a channel message carries, in order: a bundle's items, else itself."""
+    return message.items if isinstance(message, Bundle) else (message,)

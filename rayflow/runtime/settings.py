@@ -10,6 +10,11 @@ from typing import Any
 from rayflow.checkpoint.metadata import CheckpointMetadata
 from rayflow.checkpoint.storage import CheckpointStorage
 from rayflow.config import CheckpointConfig, RestartStrategy, default_restart_strategy
+from rayflow.runtime.channels import (
+    DEFAULT_BUFFER_BYTES,
+    DEFAULT_BUFFER_TIMEOUT_MS,
+    DEFAULT_CHANNEL_BYTES,
+)
 from rayflow.runtime.hooks import RuntimeHooks
 from rayflow.runtime.latency import DEFAULT_LATENCY_TRACKING_INTERVAL_MS
 from rayflow.runtime.supervisor import RestartSupervisor, SupervisorState
@@ -26,6 +31,12 @@ class JobSettings:
     send_window: int = 8
     #: sources send a latency marker this often (0: never)
     latency_tracking_interval_ms: int = DEFAULT_LATENCY_TRACKING_INTERVAL_MS
+    #: output buffering: how long written data may wait in an output channel (0: sent at
+    #: once), and the bytes at which a channel sends what it holds
+    buffer_timeout_ms: int = DEFAULT_BUFFER_TIMEOUT_MS
+    buffer_bytes: int = DEFAULT_BUFFER_BYTES
+    #: per channel, the most bytes of batches buffered at the receiver / in flight
+    channel_bytes: int = DEFAULT_CHANNEL_BYTES
     #: buffer debloating's target (ms): the time in which a subtask drains its in-flight
     #: input; None when debloating is off
     debloat_target_ms: int | None = None

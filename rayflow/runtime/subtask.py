@@ -58,9 +58,16 @@ from rayflow.runtime.channel_state import (
     decode_snapshot,
     encode_snapshot,
 )
-from rayflow.runtime.channels import CONTROL, InputGate, OutputChannel
+from rayflow.runtime.channels import (
+    CONTROL,
+    DEFAULT_BUFFER_BYTES,
+    DEFAULT_BUFFER_TIMEOUT_MS,
+    DEFAULT_CHANNEL_BYTES,
+    InputGate,
+    OutputChannel,
+)
 from rayflow.runtime.debloat import BufferDebloater
-from rayflow.runtime.events import CheckpointBarrier, EndOfInput, LatencyMarker
+from rayflow.runtime.events import Bundle, CheckpointBarrier, EndOfInput, LatencyMarker
 from rayflow.runtime.fence import AttemptFence
 from rayflow.runtime.hooks import HookPoint, SubtaskHooks
 from rayflow.runtime.latency import DEFAULT_LATENCY_TRACKING_INTERVAL_MS, LatencyTracker
@@ -105,6 +112,12 @@ class SubtaskDeployment:
     run_id: str = ""
     #: a source sends a latency marker this often (0: never)
     latency_tracking_interval_ms: int = DEFAULT_LATENCY_TRACKING_INTERVAL_MS
+    #: output buffering: the longest time written data waits in an output channel (0:
+    #: every batch is sent at once) and the size at which a channel sends what it holds
+    buffer_timeout_s: float = DEFAULT_BUFFER_TIMEOUT_MS / 1000.0
+    buffer_bytes: int = DEFAULT_BUFFER_BYTES
+    #: per channel, the most bytes of batches buffered at the receiver / in flight
+    channel_bytes: int = DEFAULT_CHANNEL_BYTES
 
 
 @dataclass(frozen=True)
@@ -136,6 +149,11 @@ class _AlignmentTimer:
     checkpoint_id: int
 
 
+@dataclass(frozen=True)
+class _BufferTimeout:
+    """The buffer timeout expired: send what the output channels hold."""
+
+
 @dataclass
 class _UnalignedSnapshot:
     """An unaligned snapshot whose channel state is still arriving."""
@@ -147,6 +165,9 @@ class _UnalignedSnapshot:
 
 
 class _RecordWriter:
+    """The output channels of one out-edge and its partitioner. ``on_buffered`` is called
+    whenever a channel starts buffering (the subtask starts its buffer timeout)."""
+
     def __init__(
         self,
         output: OutputDeployment,
@@ -154,27 +175,39 @@ class _RecordWriter:
         attempt: int,
         window: int,
         adaptive: bool = False,
+        buffer_bytes: int = 0,
+        on_buffered: Any = None,
+        window_bytes: int = DEFAULT_CHANNEL_BYTES,
     ) -> None:
         self.channels = [
-            OutputChannel(h, c, attempt, window, adaptive) for h, c in output.receivers
+            OutputChannel(h, c, attempt, window, adaptive, buffer_bytes, window_bytes)
+            for h, c in output.receivers
         ]
         self.partitioner = Partitioner(
             output.partitioner, index, len(self.channels), output.max_parallelism
         )
         self._next_marker_channel = 0
+        self._on_buffered = on_buffered
 
     async def emit(self, batch: pa.RecordBatch) -> int:
         rows = 0
         for target, part in self.partitioner.route(batch):
-            await self.channels[target].send(part)
+            if await self.channels[target].write(part):
+                self._on_buffered()
             rows += part.num_rows
         return rows
 
     async def send_marker(self, marker: LatencyMarker) -> None:
-        """Send ``marker`` on one channel, the next one each time."""
+        """Write ``marker`` on one channel, the next one each time: it goes with the data
+        buffered there, so it measures the buffer timeout as well."""
         channel = self.channels[self._next_marker_channel]
         self._next_marker_channel = (self._next_marker_channel + 1) % len(self.channels)
-        await channel.send(marker)
+        if await channel.write(marker):
+            self._on_buffered()
+
+    async def send_buffered(self) -> None:
+        for channel in self.channels:
+            await channel.send_buffered()
 
     async def broadcast(self, event: Any) -> None:
         for channel in self.channels:
@@ -182,8 +215,9 @@ class _RecordWriter:
 
     def announce(self, barrier: CheckpointBarrier) -> None:
         """Send ``barrier`` out of band on every channel, with the position it belongs at
-        (after every message sent so far); nothing is awaited."""
+        (after every message sent so far, buffered ones included); nothing is awaited."""
         for channel in self.channels:
+            channel.send_buffered_now()
             channel.receiver.announce_barrier.remote(
                 channel.attempt, channel.channel, barrier, channel.position
             )
@@ -217,11 +251,27 @@ class SubtaskActor:
                 deployment.channel_capacity,
                 deployment.debloat_target_ms / 1000.0,
             )
-        self.gate = InputGate(deployment.num_input_channels, deployment.channel_capacity, debloater)
+        self.gate = InputGate(
+            deployment.num_input_channels,
+            deployment.channel_capacity,
+            debloater,
+            deployment.channel_bytes,
+        )
+        buffer_bytes = deployment.buffer_bytes if deployment.buffer_timeout_s > 0 else 0
         self.writers = [
-            _RecordWriter(o, self.index, self.attempt, deployment.send_window, debloating)
+            _RecordWriter(
+                o,
+                self.index,
+                self.attempt,
+                deployment.send_window,
+                debloating,
+                buffer_bytes,
+                self._start_buffer_timeout,
+                deployment.channel_bytes,
+            )
             for o in deployment.outputs
         ]
+        self._buffer_timeout_armed = False
         self.fence = AttemptFence(deployment.run_id, self.attempt)
         self.operators: list[Operator] = [spec.factory() for spec in vertex.operators]
         self.barriers = self._barrier_handler(deployment)
@@ -242,6 +292,7 @@ class SubtaskActor:
             "records_out": 0,
             "batches_in": 0,
             "batches_out": 0,
+            "bundles_in": 0,
             "checkpoints": 0,
             "started_at": None,
             "finished_at": None,
@@ -329,6 +380,7 @@ class SubtaskActor:
         m["max_in_flight"] = max(
             (c.max_in_flight for w in self.writers for c in w.channels), default=0
         )
+        m["bundles_out"] = sum(c.bundles for w in self.writers for c in w.channels)
         m["latency"] = self.latency.summary()
         m.update(self._debloat_metrics())
         m["operators"] = {
@@ -641,6 +693,15 @@ class SubtaskActor:
                 # Let the loop run: control messages (announced barriers, triggers) hop
                 # here from another thread, and pushes wait to be admitted.
                 await asyncio.sleep(0)
+            elif isinstance(message, Bundle):
+                for item in message.items:
+                    if isinstance(item, pa.RecordBatch):
+                        self._count_in(item)
+                        await self._process(item)
+                    else:
+                        await self._on_latency_marker(item)
+                self.metrics_["bundles_in"] += 1
+                await asyncio.sleep(0)
             elif isinstance(message, LatencyMarker):
                 await self._on_latency_marker(message)
             elif isinstance(message, CheckpointBarrier):
@@ -684,6 +745,10 @@ class SubtaskActor:
             await self._take(
                 self.barriers.on_announcement(item.channel, item.barrier, item.position)
             )
+        elif isinstance(item, _BufferTimeout):
+            self._buffer_timeout_armed = False
+            for writer in self.writers:
+                await writer.send_buffered()
         elif isinstance(item, _AlignmentTimer):
             await self._take(self.barriers.on_timer(item.checkpoint_id))
         elif isinstance(item, _Trigger):
@@ -819,6 +884,19 @@ class SubtaskActor:
         self._drop_unaligned(checkpoint_id)
         if self.d.master is not None:
             self.d.master.decline_checkpoint.remote(self.attempt, checkpoint_id, self.key, why)
+
+    def _start_buffer_timeout(self) -> None:
+        """Output data started to wait in a channel: send it at the latest after the
+        buffer timeout (one timer for all channels, like Flink's output flusher)."""
+        if self._buffer_timeout_armed:
+            return
+        self._buffer_timeout_armed = True
+        gate = self.gate
+
+        def fire() -> None:
+            asyncio.ensure_future(gate.put_control(_BufferTimeout()))
+
+        asyncio.get_running_loop().call_later(self.d.buffer_timeout_s, fire)
 
     def _schedule_alignment_timer(self, checkpoint_id: int, delay_s: float) -> None:
         gate = self.gate
