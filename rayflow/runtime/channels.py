@@ -6,11 +6,11 @@ Ray keeps no call order for async actors, so every message carries
 buffer has room; a ``push`` call waits until then, so a fast sender is held
 back by a slow receiver. The sending :class:`OutputChannel` keeps at most
 ``window`` pushes unacknowledged and awaits the oldest when the window is full.
-Per channel, at most ``window`` messages are in flight and ``capacity`` are
-buffered, and in bytes of batches at most ``window_bytes`` in flight and
-``capacity_bytes`` buffered (a bigger message is admitted alone, into an empty
-buffer): memory stays bounded whatever the speed of the receiver and whatever the
-size of the messages.
+Per channel, at most ``window`` items (batches, events) are in flight and ``capacity``
+are buffered, and in bytes of batches at most ``window_bytes`` in flight and
+``capacity_bytes`` buffered (a bigger message is admitted alone, into an empty buffer,
+or sent alone, with nothing else in flight): memory stays bounded whatever the speed of
+the receiver and whatever the size of the messages.
 
 Messages of another attempt (a previous incarnation of the job) are dropped.
 
@@ -69,6 +69,19 @@ def message_bytes(message: Any) -> int:
     return 0
 
 
+def message_items(message: Any) -> int:
+    """How many buffer slots a channel message takes: one per item (a bundle's batches
+    and markers), so that buffers and windows hold as many batches as without bundles."""
+    return len(message.items) if isinstance(message, Bundle) else 1
+
+
+def _data_items(message: Any) -> int:
+    """Batches in a message (what buffer debloating counts as data)."""
+    if isinstance(message, Bundle):
+        return sum(1 for i in message.items if not isinstance(i, _EVENTS))
+    return 0 if isinstance(message, _EVENTS) else 1
+
+
 #: Messages on a channel that are not data: not counted by buffer debloating.
 _EVENTS = (CheckpointBarrier, EndOfInput, LatencyMarker)
 
@@ -98,9 +111,10 @@ class InputGate:
         self.num_channels = num_channels
         self.capacity = capacity
         self.capacity_bytes = capacity_bytes
-        #: per channel, bytes of the batches buffered, and each buffered message's bytes
+        #: per channel, the items and bytes buffered, and each buffered message's
+        self._items = [0] * num_channels
         self._bytes = [0] * num_channels
-        self._sizes: list[deque[int]] = [deque() for _ in range(num_channels)]
+        self._sizes: list[deque[tuple[int, int]]] = [deque() for _ in range(num_channels)]
         self.debloater = debloater
         #: per channel, the most messages buffered: ``capacity``, or the debloater's credit
         self._limits = debloater.credits if debloater is not None else [capacity] * num_channels
@@ -126,14 +140,16 @@ class InputGate:
         None."""
         buffer, next_seq = self._buffers[channel], self._next_seq
         space = self._space[channel]
-        size = message_bytes(item)
-        held, cap_bytes = self._bytes, self.capacity_bytes
+        size, items = message_bytes(item), message_items(item)
+        held, held_items, cap_bytes = self._bytes, self._items, self.capacity_bytes
 
         def admissible() -> bool:
-            return (
-                next_seq[channel] == seq
-                and len(buffer) < self._limits[channel]
-                and (not buffer or held[channel] + size <= cap_bytes)
+            return next_seq[channel] == seq and (
+                not buffer
+                or (
+                    held_items[channel] + items <= self._limits[channel]
+                    and held[channel] + size <= cap_bytes
+                )
             )
 
         # Visible to a recorder from here on, before anything can wait.
@@ -148,7 +164,8 @@ class InputGate:
                 if self._closed:
                     return None
                 buffer.append(item)
-                self._sizes[channel].append(size)
+                self._sizes[channel].append((items, size))
+                held_items[channel] += items
                 held[channel] += size
                 next_seq[channel] = seq + 1
                 space.notify_all()
@@ -202,12 +219,14 @@ class InputGate:
         if channel == CONTROL:
             return CONTROL, self._control.popleft()
         item = self._buffers[channel].popleft()
-        self._bytes[channel] -= self._sizes[channel].popleft()
+        items, size = self._sizes[channel].popleft()
+        self._items[channel] -= items
+        self._bytes[channel] -= size
         self.taken[channel] += 1
         self._buffered -= 1
         if debloater is not None:
-            if not isinstance(item, _EVENTS):
-                debloater.taken()  # barriers, markers, end of input are not data to size for
+            if data := _data_items(item):
+                debloater.taken(data)  # barriers, markers, end of input: no data to size for
             elif isinstance(item, EndOfInput):
                 debloater.channel_ended()
         space = self._space[channel]
@@ -267,7 +286,8 @@ class OutputChannel:
     awaits its oldest push.
 
     With ``buffer_bytes`` > 0, :meth:`write` buffers batches and latency markers and sends
-    them as one :class:`Bundle` once the buffered batches reach ``buffer_bytes``; the
+    them as one :class:`Bundle` once the buffered batches reach ``buffer_bytes`` or the
+    buffer holds a window's worth of items (the window in force); the
     owner sends what is buffered with :meth:`send_buffered` (its buffer timeout). Events
     sent with :meth:`send` always go after everything written before them.
     """
@@ -292,7 +312,8 @@ class OutputChannel:
         self.current_window = window
         self._seq = 0
         self._in_flight: deque[ray.ObjectRef] = deque()
-        self._in_flight_sizes: deque[int] = deque()
+        self._in_flight_sizes: deque[tuple[int, int]] = deque()
+        self._in_flight_items = 0
         self._in_flight_bytes = 0
         self.window_bytes = window_bytes
         self.max_in_flight = 0
@@ -304,7 +325,9 @@ class OutputChannel:
     async def _acknowledged(self) -> None:
         """Await the oldest push; with ``adaptive``, take the credit it returns."""
         credit = await self._in_flight.popleft()
-        self._in_flight_bytes -= self._in_flight_sizes.popleft()
+        items, size = self._in_flight_sizes.popleft()
+        self._in_flight_items -= items
+        self._in_flight_bytes -= size
         if self.adaptive and credit is not None:
             self.current_window = max(1, min(self.window, credit))
 
@@ -318,24 +341,25 @@ class OutputChannel:
         """Whether items were written that are not sent yet."""
         return bool(self._buffer)
 
-    def _push(self, message: Any, size: int) -> None:
+    def _push(self, message: Any, items: int, size: int) -> None:
         in_flight = self._in_flight
         in_flight.append(self.receiver.push.remote(self.channel, self._seq, self.attempt, message))
-        self._in_flight_sizes.append(size)
+        self._in_flight_sizes.append((items, size))
+        self._in_flight_items += items
         self._in_flight_bytes += size
         self._seq += 1
         if len(in_flight) > self.max_in_flight:
             self.max_in_flight = len(in_flight)
 
     async def _send(self, message: Any) -> None:
-        size = message_bytes(message)
+        size, items = message_bytes(message), message_items(message)
         in_flight = self._in_flight
         while in_flight and (
-            len(in_flight) >= self.current_window
+            self._in_flight_items + items > self.current_window
             or self._in_flight_bytes + size > self.window_bytes
         ):
             await self._acknowledged()
-        self._push(message, size)
+        self._push(message, items, size)
 
     def _take_buffer(self) -> Any:
         buffer = self._buffer
@@ -357,9 +381,9 @@ class OutputChannel:
         self._buffer.append(item)
         if isinstance(item, pa.RecordBatch):
             self._buffer_bytes += item.nbytes
-            if self._buffer_bytes >= self.buffer_bytes:
-                await self._send(self._take_buffer())
-                return False
+        if self._buffer_bytes >= self.buffer_bytes or len(self._buffer) >= self.current_window:
+            await self._send(self._take_buffer())
+            return False
         return started
 
     async def send_buffered(self) -> None:
@@ -372,7 +396,7 @@ class OutputChannel:
         most): the position then counts it, e.g. for a barrier announced out of band."""
         if self._buffer:
             message = self._take_buffer()
-            self._push(message, message_bytes(message))
+            self._push(message, message_items(message), message_bytes(message))
 
     async def send(self, message: Any) -> None:
         """Send ``message`` after everything written so far."""

@@ -36,6 +36,11 @@ matter where sizes vary a lot from one batch to the next (Flink weighs by bytes 
 its buffers are fixed-size memory segments); the smoothing spreads such variation over
 several periods.
 
+A message here is one batch: a bundle (an output channel's buffer sent as one call)
+counts as its batches, in the throughput, in the gate's buffers and in the sender's
+window, and the sender bundles at most its window's worth, so a credit of n still means
+n batches in flight, as without output buffering.
+
 The class is plain code with an injectable clock, so its arithmetic is unit-tested
 without Ray or an event loop.
 """
@@ -103,7 +108,7 @@ class BufferDebloater:
         self._period_start: float | None = None
         self._count = 0  # messages processed in the current period
         self._idle_s = 0.0  # seconds waited in the current period
-        self._holding = False  # the reader took a data message and is processing it
+        self._holding = 0  # batches the reader took and is processing
         self._messages = 0.0  # decayed sum of messages processed
         self._busy_s = 0.0  # decayed sum of busy seconds
 
@@ -116,8 +121,8 @@ class BufferDebloater:
             self._period_start = now
             return False
         if self._holding:
-            self._holding = False
-            self._count += 1
+            self._count += self._holding
+            self._holding = 0
         elapsed = now - self._period_start
         if elapsed < self.period_s:
             return False
@@ -141,9 +146,10 @@ class BufferDebloater:
         if self._period_start is not None:
             self._idle_s += seconds
 
-    def taken(self) -> None:
-        """The reader took a data message (counted once it comes back for the next)."""
-        self._holding = True
+    def taken(self, batches: int = 1) -> None:
+        """The reader took a data message of ``batches`` batches (a bundle holds several;
+        counted once it comes back for the next)."""
+        self._holding += batches
 
     def channel_ended(self) -> None:
         """A channel delivered end of input: the open ones share what the reader drains."""

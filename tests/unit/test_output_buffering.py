@@ -231,3 +231,23 @@ def test_buffer_settings_reach_every_subtask_and_bad_values_name_the_option():
         env.set_output_buffer_size(0)
     with pytest.raises(ValueError, match="set_buffer_limits"):
         env.set_buffer_limits(8, 8, 0)
+
+
+def test_a_bundle_holds_at_most_a_window_of_items_and_the_gate_counts_items():
+    async def go():
+        gate = InputGate(1, 4, capacity_bytes=1 << 30)
+        sender = OutputChannel(FakeReceiver(gate), 0, 0, 3, False, 1 << 30, window_bytes=1 << 30)
+        for i in range(7):
+            await sender.write(batch(10 * i, 10))
+        assert sender.position == 2 and sender.buffered  # 3 + 3 sent, 1 buffered
+        await asyncio.sleep(0.01)
+        # the gate holds 4 items: the first bundle (3) is in, the second (3) waits
+        assert gate.buffered() == 1
+        _, first = await gate.next()
+        await asyncio.sleep(0.01)
+        assert gate.buffered() == 1
+        await sender.flush()
+        rest = await _drain(gate, 2)
+        return [len(unbundled(m)) for m in [first, *rest]]
+
+    assert run(go()) == [3, 3, 1]
