@@ -1,17 +1,22 @@
 """Throughput of rayflow's data plane, next to a bare Ray actor chain moving the same data.
 
 What it measures, in rows per second, for pyarrow RecordBatches of one int64
-column ``value`` at 10k and 1k rows per batch:
+column ``value`` at 10k and 100k rows per batch:
 
 * **bare reference** -- three plain async Ray actors, source -> relay -> sink,
   no engine. The source builds its batches exactly as ``NumberSequenceSource``
   does and each hop keeps up to 16 ``.remote()`` calls in flight (a deque of
   ObjectRefs; the oldest is awaited when 16 are outstanding). This is what Ray
-  alone costs per hop: the floor any engine on Ray pays.
+  alone costs per hop: the floor any engine on Ray pays. It sends one batch per
+  call, or as many per call (a list) as the engine's source sent with its default
+  output buffering, so that both move the same bytes per call.
 * **passthrough-chained** -- source -> map_batches(identity) -> sink, chained
   into one actor per subtask (no Ray call per batch).
 * **passthrough-3actor** -- the same job with ``disable_operator_chaining()``,
-  so every hop is a Ray call: the like-for-like comparison with the bare chain.
+  so every hop is a Ray call: the like-for-like comparison with the bare chain,
+  with buffer timeout 0 (every batch sent at once, against one batch per call) and
+  with the default 100 ms (output buffering, against the bare chain sending as many
+  batches per call as the engine did).
 * **keyed-sum** -- source -> map_batches(key = value % 1000) ->
   key_by("key").sum("value") -> sink (a hash-partitioned exchange).
 
@@ -61,11 +66,12 @@ import ray
 
 from rayflow import NumberSequenceSource, Sink, SinkContext, SinkWriter, StreamExecutionEnvironment
 
-BATCH_SIZES = (10_000, 1_000)
-DEFAULT_ROWS = {10_000: 2_000_000, 1_000: 1_000_000}
+BATCH_SIZES = (10_000, 100_000)
+DEFAULT_ROWS = {10_000: 4_000_000, 100_000: 20_000_000}
 IN_FLIGHT = 16  # calls in flight per hop in the bare chain
 PIPELINES = ("passthrough-chained", "passthrough-3actor", "keyed-sum")
 REPEATED = "passthrough-3actor"
+DEFAULT_TIMEOUT_MS = 100  # the engine's default buffer timeout
 STEADY_TRIM = 0.10  # arrivals left out at each end for the steady rate
 
 
@@ -131,9 +137,11 @@ class BareSink:
         self.rows = 0
         self.times: list[float] = []
 
-    async def push(self, batch: pa.RecordBatch) -> None:
-        self.times.append(time.time())
-        self.rows += batch.num_rows
+    async def push(self, batches: list[pa.RecordBatch]) -> None:
+        now = time.time()
+        for batch in batches:
+            self.times.append(now)
+            self.rows += batch.num_rows
 
     async def take(self) -> dict[str, Any]:
         out = {"rows": self.rows, "times": self.times}
@@ -147,10 +155,10 @@ class BareRelay:
         self.downstream = downstream
         self.in_flight: deque = deque()
 
-    async def push(self, batch: pa.RecordBatch) -> None:
+    async def push(self, batches: list[pa.RecordBatch]) -> None:
         while len(self.in_flight) >= IN_FLIGHT:
             await self.in_flight.popleft()
-        self.in_flight.append(self.downstream.push.remote(batch))
+        self.in_flight.append(self.downstream.push.remote(batches))
 
     async def flush(self) -> None:
         while self.in_flight:
@@ -162,13 +170,17 @@ class BareSource:
     def __init__(self, downstream: Any) -> None:
         self.downstream = downstream
 
-    async def run(self, rows: int, batch_size: int) -> None:
+    async def run(self, rows: int, batch_size: int, per_call: int = 1) -> None:
         in_flight: deque = deque()
+        call: list[pa.RecordBatch] = []
         for lo in range(0, rows, batch_size):
-            batch = _make_batch(lo, min(rows, lo + batch_size))
+            call.append(_make_batch(lo, min(rows, lo + batch_size)))
+            if len(call) < per_call and lo + batch_size < rows:
+                continue
             while len(in_flight) >= IN_FLIGHT:
                 await in_flight.popleft()
-            in_flight.append(self.downstream.push.remote(batch))
+            in_flight.append(self.downstream.push.remote(call))
+            call = []
             await asyncio.sleep(0)
         while in_flight:
             await in_flight.popleft()
@@ -186,9 +198,9 @@ class BareChain:
             [self.sink.take.remote(), self.relay.flush.remote(), self.source.__ray_ready__.remote()]
         )
 
-    def run(self, rows: int, batch_size: int) -> dict[str, Any]:
+    def run(self, rows: int, batch_size: int, per_call: int = 1) -> dict[str, Any]:
         started = time.perf_counter()
-        ray.get(self.source.run.remote(rows, batch_size))
+        ray.get(self.source.run.remote(rows, batch_size, per_call))
         elapsed = time.perf_counter() - started
         arrivals = ray.get(self.sink.take.remote())
         if arrivals["rows"] != rows:
@@ -217,9 +229,13 @@ def _add_key(batch: pa.RecordBatch) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays([value, pc.remainder(value, 1000)], names=["value", "key"])
 
 
-def engine_job(kind: str, rows: int, batch_size: int, parallelism: int) -> dict[str, Any]:
+def engine_job(
+    kind: str, rows: int, batch_size: int, parallelism: int, buffer_timeout_ms: int | None = None
+) -> dict[str, Any]:
     env = StreamExecutionEnvironment()
     env.set_parallelism(parallelism)
+    if buffer_timeout_ms is not None:
+        env.set_buffer_timeout(buffer_timeout_ms)
     if kind == "passthrough-3actor":
         env.disable_operator_chaining()
     stream = env.from_source(NumberSequenceSource(0, rows - 1, batch_size=batch_size), "Source")
@@ -237,11 +253,14 @@ def engine_job(kind: str, rows: int, batch_size: int, parallelism: int) -> dict[
     got = result.records_in("Sum") if kind == "keyed-sum" else arrivals["rows"]
     if got != rows:
         raise RuntimeError(f"{kind}: {got} rows arrived, expected {rows}")
+    sources = [m for m in result.metrics if m["vertex"].startswith("Source")]
+    messages = sum(m.get("data_messages_out", m["batches_out"]) for m in sources)
     return {
         "rows_per_s": rows / result.duration_s,
         "steady_rows_per_s": steady_rate(arrivals["times"], rows),
         "wall_s": wall,
         "actors": len(result.metrics),
+        "per_call": sum(m["batches_out"] for m in sources) / max(messages, 1),
     }
 
 
@@ -258,6 +277,7 @@ def _median_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "wall_s": statistics.median(r["wall_s"] for r in runs),
         "actors": runs[0]["actors"],
         "runs": len(runs),
+        "per_call": statistics.median(r.get("per_call", 1.0) for r in runs),
     }
 
 
@@ -284,8 +304,8 @@ def main(argv: list[str] | None = None) -> int:
         "--rows",
         type=int,
         default=None,
-        help="rows per run, for every batch size (default: 2,000,000 for 10k-row batches, "
-        "1,000,000 for 1k-row batches)",
+        help="rows per run, for every batch size (default: 4,000,000 for 10k-row batches, "
+        "20,000,000 for 100k-row batches)",
     )
     parser.add_argument("--quick", action="store_true", help="a quarter of the rows")
     parser.add_argument(
@@ -327,22 +347,31 @@ def main(argv: list[str] | None = None) -> int:
     # Warm-up: one small engine job (worker start-up, imports, first calls).
     engine_job("passthrough-3actor", 20_000, 1_000, 1)
 
-    # The bare chain and the 3-actor engine chain at parallelism 1, interleaved.
-    bare: dict[int, dict[str, Any]] = {}
-    repeated: dict[int, dict[str, Any]] = {}
+    # The bare chain and the 3-actor engine chain at parallelism 1, interleaved: the
+    # engine sending every batch at once (buffer timeout 0) next to the bare chain
+    # sending one batch per call, and the engine with its default output buffering next
+    # to the bare chain sending as many batches per call as the engine's source did.
+    bare: dict[tuple[int, int], dict[str, Any]] = {}
+    repeated: dict[tuple[int, int], dict[str, Any]] = {}
     chain = BareChain()
-    chain.run(20 * BATCH_SIZES[-1], BATCH_SIZES[-1])  # warm the call paths
+    chain.run(20 * BATCH_SIZES[0], BATCH_SIZES[0])  # warm the call paths
     for batch_size in BATCH_SIZES:
         rows = rows_for(batch_size)
-        bare_runs: list[dict[str, Any]] = []
-        engine_runs: list[dict[str, Any]] = []
+        per_call = max(1, round(engine_job(REPEATED, rows // 4, batch_size, 1)["per_call"]))
+        print(f"  default buffering sends {per_call} batch(es) per call", flush=True)
+        runs: dict[tuple[str, int], list[dict[str, Any]]] = {}
         for _ in range(repeat):
-            bare_runs.append(chain.run(rows, batch_size))
-            log("bare chain", batch_size, 1, bare_runs[-1])
-            engine_runs.append(engine_job(REPEATED, rows, batch_size, 1))
-            log(REPEATED, batch_size, 1, engine_runs[-1])
-        bare[batch_size] = _median_of(bare_runs)
-        repeated[batch_size] = _median_of(engine_runs)
+            for timeout_ms, k in ((0, 1), (DEFAULT_TIMEOUT_MS, per_call)):
+                r = chain.run(rows, batch_size, k)
+                runs.setdefault(("bare", timeout_ms), []).append(r)
+                log(f"bare chain x{k}", batch_size, 1, r)
+                r = engine_job(REPEATED, rows, batch_size, 1, timeout_ms)
+                runs.setdefault(("engine", timeout_ms), []).append(r)
+                log(f"{REPEATED} {timeout_ms}ms", batch_size, 1, r)
+        for timeout_ms in (0, DEFAULT_TIMEOUT_MS):
+            bare[batch_size, timeout_ms] = _median_of(runs["bare", timeout_ms])
+            bare[batch_size, timeout_ms]["per_call"] = 1 if timeout_ms == 0 else per_call
+            repeated[batch_size, timeout_ms] = _median_of(runs["engine", timeout_ms])
     chain.close()
 
     results: list[tuple[str, int, int, dict[str, Any]]] = []
@@ -350,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
         for batch_size in BATCH_SIZES:
             for parallelism in (1, 2):
                 if kind == REPEATED and parallelism == 1:
-                    r = repeated[batch_size]
+                    continue
                 else:
                     r = _median_of(
                         [engine_job(kind, rows_for(batch_size), batch_size, parallelism)]
@@ -365,10 +394,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"machine: {machine}")
     print()
     print(
-        "| pipeline | batch rows | parallelism | actors | rows | runs | rows/s (duration_s) "
-        "| steady rows/s | steady min-max | wall s | vs bare: rows/s | vs bare: steady |"
+        "| pipeline | batch rows | batches per call | parallelism | actors | rows | runs "
+        "| rows/s (duration_s) | steady rows/s | steady min-max | wall s | vs bare: rows/s "
+        "| vs bare: steady |"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 
     def row(
         name: str,
@@ -380,21 +410,26 @@ def main(argv: list[str] | None = None) -> int:
     ) -> None:
         spread = f"{_short(r['steady_min'])}-{_short(r['steady_max'])}" if r["runs"] > 1 else ""
         print(
-            f"| {name} | {batch_size:,} | {parallelism} | {r['actors']} "
+            f"| {name} | {batch_size:,} | {r.get('per_call', 1):.1f} | {parallelism} "
+            f"| {r['actors']} "
             f"| {rows_for(batch_size):,} | {r['runs']} | {_rate(r['rows_per_s'])} "
             f"| {_rate(r['steady_rows_per_s'])} | {spread} | {r['wall_s']:.2f} "
             f"| {ratio} | {steady_ratio} |"
         )
 
-    for batch_size in BATCH_SIZES:
-        row("bare Ray chain (reference)", batch_size, 1, bare[batch_size], "1.00", "1.00")
+    for (batch_size, timeout_ms), b in bare.items():
+        row("bare Ray chain (reference)", batch_size, 1, b, "1.00", "1.00")
+        r = repeated[batch_size, timeout_ms]
+        row(
+            f"{REPEATED}, buffer timeout {timeout_ms} ms",
+            batch_size,
+            1,
+            r,
+            f"{r['rows_per_s'] / b['rows_per_s']:.2f}",
+            f"{r['steady_rows_per_s'] / b['steady_rows_per_s']:.2f}",
+        )
     for kind, batch_size, parallelism, r in results:
-        ratio = steady_ratio = ""
-        if kind == REPEATED:
-            b = bare[batch_size]
-            ratio = f"{r['rows_per_s'] / b['rows_per_s']:.2f}"
-            steady_ratio = f"{r['steady_rows_per_s'] / b['steady_rows_per_s']:.2f}"
-        row(kind, batch_size, parallelism, r, ratio, steady_ratio)
+        row(kind, batch_size, parallelism, r)
     print()
     print(
         f"total benchmark time (after ray.init): {total:.0f}s; "

@@ -319,8 +319,9 @@ class OutputChannel:
         self.max_in_flight = 0
         self._buffer: list[Any] = []
         self._buffer_bytes = 0
-        #: messages that carried more than one item
+        #: messages that carried more than one item, and messages that carried batches
         self.bundles = 0
+        self.data_messages = 0
 
     async def _acknowledged(self) -> None:
         """Await the oldest push; with ``adaptive``, take the credit it returns."""
@@ -347,6 +348,8 @@ class OutputChannel:
         self._in_flight_sizes.append((items, size))
         self._in_flight_items += items
         self._in_flight_bytes += size
+        if size:
+            self.data_messages += 1
         self._seq += 1
         if len(in_flight) > self.max_in_flight:
             self.max_in_flight = len(in_flight)

@@ -381,6 +381,7 @@ class SubtaskActor:
             (c.max_in_flight for w in self.writers for c in w.channels), default=0
         )
         m["bundles_out"] = sum(c.bundles for w in self.writers for c in w.channels)
+        m["data_messages_out"] = sum(c.data_messages for w in self.writers for c in w.channels)
         m["latency"] = self.latency.summary()
         m.update(self._debloat_metrics())
         m["operators"] = {
