@@ -49,6 +49,19 @@ def batch_rows(
     return max(1, rows)
 
 
+def _copy_rows(table: pa.Table, offset: int, length: int) -> pa.RecordBatch:
+    """Rows ``offset..offset+length`` of ``table`` as a batch of their own: copied, not a
+    slice (a slice serializes with its parent's whole buffers, so a batch would carry
+    the whole table through channels, channel state and sinks)."""
+    length = max(0, min(length, table.num_rows - offset))
+    indices = pa.array(np.arange(offset, offset + length, dtype=np.int64))
+    taken = table.take(indices).combine_chunks()
+    batches = taken.to_batches()
+    if batches:
+        return batches[0]
+    return pa.RecordBatch.from_pylist([], schema=table.schema)
+
+
 def _check_batch_size(source: str, batch_size: int | None) -> None:
     if batch_size is not None and (
         isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0
@@ -195,9 +208,9 @@ class _TableReader(_SequentialReader):
         if split.offset >= split.end:
             return None
         length = min(self._batch_size, split.end - split.offset)
-        chunk = self._table.slice(split.offset, length).combine_chunks()
+        chunk = _copy_rows(self._table, split.offset, length)
         split.offset += length
-        return chunk.to_batches()[0] if chunk.num_rows else None
+        return chunk if chunk.num_rows else None
 
 
 class CollectionSource(Source):
@@ -294,9 +307,9 @@ class _FileReader(_SequentialReader):
             rows = batch_rows(row_bytes, None)
         else:
             rows = self._source.batch_size
-        chunk = table.slice(split.rows_read, rows).combine_chunks()
+        chunk = _copy_rows(table, split.rows_read, rows)
         split.rows_read += chunk.num_rows
-        return chunk.to_batches()[0]
+        return chunk
 
 
 class FileSource(Source):

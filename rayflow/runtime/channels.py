@@ -61,11 +61,14 @@ DEFAULT_CHANNEL_BYTES = 1 << 20
 
 
 def message_bytes(message: Any) -> int:
-    """Bytes of record batches a channel message carries (0 for an event)."""
+    """Bytes of record batches a channel message carries (0 for an event): every buffer
+    they reference, whole, as Ray serializes them (a slice carries its parent's)."""
     if isinstance(message, pa.RecordBatch):
-        return message.nbytes
+        return message.get_total_buffer_size()
     if isinstance(message, Bundle):
-        return sum(i.nbytes for i in message.items if isinstance(i, pa.RecordBatch))
+        return sum(
+            i.get_total_buffer_size() for i in message.items if isinstance(i, pa.RecordBatch)
+        )
     return 0
 
 
@@ -182,6 +185,19 @@ class InputGate:
         self._control.append(item)
         async with self._available:
             self._available.notify()
+
+    async def wait_control(self, timeout_s: float) -> None:
+        """Wait until a control message is there, at most ``timeout_s`` (a source held
+        back by its rate still serves timers and triggers)."""
+        if self._control:
+            return
+        async with self._available:
+            if self._control:
+                return
+            try:
+                await asyncio.wait_for(self._available.wait(), timeout_s)
+            except TimeoutError:
+                pass
 
     def poll_control(self) -> Any | None:
         """The oldest control message, or None (never waits)."""
@@ -380,11 +396,15 @@ class OutputChannel:
         if not self.buffer_bytes:
             await self._send(item)
             return False
+        limit = min(self.buffer_bytes, self.window_bytes)
+        size = item.get_total_buffer_size() if isinstance(item, pa.RecordBatch) else 0
+        if self._buffer and self._buffer_bytes + size > limit:
+            # would make the bundle bigger than a channel holds: send what is there first
+            await self._send(self._take_buffer())
         started = not self._buffer
         self._buffer.append(item)
-        if isinstance(item, pa.RecordBatch):
-            self._buffer_bytes += item.nbytes
-        if self._buffer_bytes >= self.buffer_bytes or len(self._buffer) >= self.current_window:
+        self._buffer_bytes += size
+        if self._buffer_bytes >= limit or len(self._buffer) >= self.current_window:
             await self._send(self._take_buffer())
             return False
         return started

@@ -647,6 +647,17 @@ class SubtaskActor:
                 if item is not None:
                     await self._on_control(item)
                     continue
+                if rate and emitted:
+                    delay = started + emitted / rate - time.monotonic()
+                    if delay > 0:
+                        # Not a plain sleep: the buffer timeout and checkpoint triggers
+                        # are served while the rate holds the source back.
+                        await self.gate.wait_control(delay)
+                        continue
+                    if delay < -0.05:
+                        # Held back (backpressure, a starting receiver): keep the rate,
+                        # do not burst to catch up.
+                        started = time.monotonic() - emitted / rate
                 self._current_operator = source_name
                 batch = reader.read_batch()
                 if batch is None:
@@ -665,16 +676,7 @@ class SubtaskActor:
                     await self._on_latency_marker(
                         LatencyMarker(time.time(), source_name, self.index)
                     )
-                if rate:
-                    delay = started + emitted / rate - time.monotonic()
-                    if delay > 0:
-                        await asyncio.sleep(delay)
-                    elif delay < -0.05:
-                        # Held back (backpressure, a starting receiver): keep the rate,
-                        # do not burst to catch up.
-                        started = time.monotonic() - emitted / rate
-                else:
-                    await asyncio.sleep(0)
+                await asyncio.sleep(0)
         finally:
             reader.close()
 

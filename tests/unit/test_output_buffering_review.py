@@ -166,6 +166,7 @@ def test_a_bundle_is_never_bigger_than_the_channel_bytes_its_batches_each_fit_in
     import pyarrow as pa
 
     from rayflow.runtime.channels import InputGate, OutputChannel, message_bytes
+    from rayflow.runtime.events import unbundled
     from tests.unit.test_debloat import FakeReceiver
 
     channel_bytes = 64 * 1024
@@ -176,12 +177,21 @@ def test_a_bundle_is_never_bigger_than_the_channel_bytes_its_batches_each_fit_in
             FakeReceiver(gate), 0, 0, 8, False, 1 << 20, window_bytes=channel_bytes
         )
         one = pa.record_batch([pa.array(range(6 * 1024), pa.int64())], ["value"])  # 48 KiB
-        for _ in range(8):
-            await sender.write(one)
-        await sender.flush()
-        sizes = []
-        while gate.buffered():
-            sizes.append(message_bytes((await gate.next())[1]))
+
+        async def write_all():
+            for _ in range(8):
+                await sender.write(one)
+            await sender.flush()
+
+        async def read_all():
+            sizes, rows = [], 0
+            while rows < 8 * one.num_rows:
+                message = (await gate.next())[1]
+                sizes.append(message_bytes(message))
+                rows += sum(b.num_rows for b in unbundled(message))
+            return sizes
+
+        _, sizes = await asyncio.gather(write_all(), read_all())
         return one.nbytes, sizes
 
     batch_bytes, sizes = run(go())
