@@ -83,6 +83,7 @@ if str(HERE) not in sys.path:
 
 from peers_common import KEYS, check_sums, load_average, parse_result  # noqa: E402
 
+import rayflow  # noqa: E402
 from rayflow import (  # noqa: E402
     NumberSequenceSource,
     Sink,
@@ -300,7 +301,9 @@ class _CountMaxWriter(SinkWriter):
                 sums[key] = value
 
     def finish(self) -> dict[str, Any]:
-        return {"count": self.count, "sums": self.sums}
+        import rayflow  # which rayflow this worker runs (it must be the driver's)
+
+        return {"count": self.count, "sums": self.sums, "rayflow": rayflow.__file__}
 
 
 class CountMaxSink(Sink):
@@ -315,7 +318,11 @@ class CountMaxSink(Sink):
             for key, value in (r or {}).get("sums", {}).items():
                 if value > sums.get(key, -1):
                     sums[key] = value
-        return {"count": sum(r["count"] for r in results if r), "sums": sums}
+        return {
+            "count": sum(r["count"] for r in results if r),
+            "sums": sums,
+            "rayflow": sorted({r["rayflow"] for r in results if r and "rayflow" in r}),
+        }
 
 
 def _rayflow_env(config: Config, storage: str) -> StreamExecutionEnvironment:
@@ -361,6 +368,9 @@ def run_rayflow(config: Config, storage: str) -> Run:
     run.duration_s = result.duration_s
     run.checkpoints = result.checkpoint_summary.get("counts", {}).get("COMPLETED")
     out = result.sink_result(SINK)
+    if [os.path.realpath(f) for f in out["rayflow"]] != [os.path.realpath(rayflow.__file__)]:
+        run.error = f"workers ran rayflow {out['rayflow']}, the driver {rayflow.__file__}"
+        return run
     run.count = out["count"]
     expected_count = config.records if config.engine.one_update_per_record else None
     run.check = check_sums(config.records, out["sums"], expected_count)
@@ -608,6 +618,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         python = getattr(args, name)
         if python and not (os.path.isfile(python) and os.access(python, os.X_OK)):
             parser.error(f"--{name} {python}: not an executable python")
+        if python:  # absolute (main changes directory), symlinks kept (a venv's python is one)
+            setattr(args, name, os.path.abspath(python))
+    args.results_file = os.path.abspath(args.results_file)
+    if args.lock:
+        args.lock = os.path.abspath(args.lock)
     return args
 
 
@@ -637,8 +652,6 @@ def _git(path: Path, *args: str) -> str:
 
 def rayflow_revision() -> str:
     """The commit of the rayflow being measured, with its path (and ``+changes`` if dirty)."""
-    import rayflow
-
     where = Path(rayflow.__file__).resolve().parent
     commit = _git(where, "rev-parse", "HEAD") or "unknown commit"
     dirty = " +uncommitted changes" if _git(where, "status", "--porcelain", "--", ".") else ""
@@ -722,6 +735,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     for block in blocks:
         progress(f"block {block.name}: " + "; ".join(c.label for c in block.configs))
 
+    # Ray puts the driver's working directory first on its workers' sys.path: work from
+    # the directory holding the rayflow this driver imported, so that workers import the
+    # same one (checked again by the sink after every job).
+    os.chdir(Path(rayflow.__file__).resolve().parents[1])
     _start_ray()
     storage = tempfile.mkdtemp(prefix="rayflow-bench-peers-")
     results: dict[Config, list[Run]] = {c: [] for b in blocks for c in b.configs}

@@ -220,6 +220,8 @@ def test_count_max_sink_keeps_the_largest_sum_per_key(peers):
     writer.write(pa.RecordBatch.from_pydict({"key": [2, 1], "value": [4, 7]}))
     writer.write(pa.RecordBatch.from_pydict({"key": [], "value": []}))
     first = writer.finish()
-    assert first == {"count": 5, "sums": {1: 9, 2: 4}}
-    merged = peers.CountMaxSink().merge_results([first, None, {"count": 1, "sums": {2: 8}}])
-    assert merged == {"count": 6, "sums": {1: 9, 2: 8}}
+    assert (first["count"], first["sums"]) == (5, {1: 9, 2: 4})
+    assert first["rayflow"] == peers.rayflow.__file__  # the driver checks workers ran its own
+    other = {"count": 1, "sums": {2: 8}, "rayflow": first["rayflow"]}
+    merged = peers.CountMaxSink().merge_results([first, None, other])
+    assert merged == {"count": 6, "sums": {1: 9, 2: 8}, "rayflow": [first["rayflow"]]}
