@@ -744,22 +744,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     results: dict[Config, list[Run]] = {c: [] for b in blocks for c in b.configs}
     started = time.perf_counter()
     try:
-        if args.warm_up:
-            for engine in (Engine.RAYFLOW_VECTORIZED, Engine.RAYFLOW_PER_RECORD):
-                warm = run_rayflow(Config(engine, Mode.EXACTLY_ONCE, 1, WARM_UP_RECORDS), storage)
-                progress(f"warm-up {warm.config.label}: {_describe(warm)}")
         warmed: set[Engine] = set()
         for block in blocks:
             with _holding(args.lock, progress):
                 progress(f"== {block.name} (load {_load_text()})")
+                # a small untimed job of each engine the first time it runs
                 for engine in dict.fromkeys(c.engine for c in block.configs):
-                    if args.warm_up and engine.peer and engine not in warmed:
+                    if args.warm_up and engine not in warmed:
                         warmed.add(engine)
-                        warm = run_peer(
-                            Config(engine, Mode.NONE, 1, WARM_UP_RECORDS),
-                            peers[engine.peer],
-                            args.peer_timeout,
-                        )
+                        if engine.is_rayflow:
+                            warm_config = Config(engine, Mode.EXACTLY_ONCE, 1, WARM_UP_RECORDS)
+                            warm = run_rayflow(warm_config, storage)
+                        else:
+                            warm_config = Config(engine, Mode.NONE, 1, WARM_UP_RECORDS)
+                            warm = run_peer(warm_config, peers[engine.peer], args.peer_timeout)
                         progress(f"warm-up {warm.config.label}: {_describe(warm)}")
                 order = [c for _ in range(args.runs) for c in block.configs]
                 for i, config in enumerate(order, 1):
