@@ -63,6 +63,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -664,20 +665,21 @@ def _holding(path: str | None, progress: Callable[[str], None]) -> Iterator[None
         yield
         return
     with open(path, "a") as f:
-        waited = time.monotonic()
-        noted = False
-        while True:
-            try:
-                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if not noted and time.monotonic() - waited > 60:
-                    progress(
-                        f"  waiting for {path} (held by another benchmark; if this run is "
-                        "itself wrapped in flock on the same file, drop one of the two)"
-                    )
-                    noted = True
-                time.sleep(0.5)
+        # a blocking flock: a poller would lose every hand-over to blocking waiters
+        timer = threading.Timer(
+            60.0,
+            progress,
+            [
+                f"  waiting for {path} (held by another benchmark; if this run is itself "
+                "wrapped in flock on the same file, drop one of the two)"
+            ],
+        )
+        timer.daemon = True
+        timer.start()
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX)
+        finally:
+            timer.cancel()
         try:
             yield
         finally:
