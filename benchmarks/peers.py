@@ -116,6 +116,9 @@ SINK = "check"
 INTERVAL_MS = 1000
 WARM_UP_RECORDS = 100_000
 PEER_TIMEOUT_S = 600.0
+#: Items per Bytewax source batch: Bytewax's rate depends on it strongly (at 2M records,
+#: about 8x between 1 and 8192); 8192 is rayflow's NumberSequenceSource batch so far.
+BYTEWAX_BATCH_SIZE = 8192
 
 
 class Engine(str, enum.Enum):
@@ -381,23 +384,31 @@ def run_rayflow(config: Config, storage: str) -> Run:
 # --- peers ----------------------------------------------------------------------------------
 
 
-def peer_command(config: Config, python: str) -> list[str]:
+def peer_command(
+    config: Config, python: str, bytewax_batch_size: int = BYTEWAX_BATCH_SIZE
+) -> list[str]:
     """The command line that runs ``config`` on its peer engine."""
     common = ["--records", str(config.records), "--parallelism", str(config.parallelism)]
     common += ["--mode", config.mode.value]
     if config.engine is Engine.BYTEWAX:
-        return [python, str(HERE / "peers_bytewax.py"), *common]
+        batch = ["--batch-size", str(bytewax_batch_size)]
+        return [python, str(HERE / "peers_bytewax.py"), *common, *batch]
     api = "sql" if config.engine is Engine.PYFLINK_SQL else "datastream"
     return [python, str(HERE / "peers_pyflink.py"), "--api", api, *common]
 
 
-def run_peer(config: Config, python: str, timeout_s: float = PEER_TIMEOUT_S) -> Run:
+def run_peer(
+    config: Config,
+    python: str,
+    timeout_s: float = PEER_TIMEOUT_S,
+    bytewax_batch_size: int = BYTEWAX_BATCH_SIZE,
+) -> Run:
     run = Run(config, load=_load1())
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
     launched = time.time()
     try:
         proc = subprocess.run(
-            peer_command(config, python),
+            peer_command(config, python, bytewax_batch_size),
             capture_output=True,
             text=True,
             timeout=timeout_s,
@@ -593,6 +604,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--no-warm-up", dest="warm_up", action="store_false")
     parser.add_argument("--peer-timeout", type=float, default=PEER_TIMEOUT_S)
     parser.add_argument(
+        "--bytewax-batch-size",
+        type=int,
+        default=BYTEWAX_BATCH_SIZE,
+        help=f"items per Bytewax source batch (default {BYTEWAX_BATCH_SIZE})",
+    )
+    parser.add_argument(
         "--lock", metavar="PATH", help="hold this flock (e.g. /tmp/bench.lock) around each block"
     )
     parser.add_argument(
@@ -724,7 +741,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     peers = {"bytewax": args.bytewax, "pyflink": args.pyflink}
     versions = [f"Ray {ray.__version__}", f"pyarrow {pa.__version__}"]
     if args.bytewax:
-        versions.append(f"Bytewax {peer_version(args.bytewax, 'bytewax')}")
+        bytewax = peer_version(args.bytewax, "bytewax")
+        versions.append(f"Bytewax {bytewax} (source batches of {args.bytewax_batch_size})")
     if args.pyflink:
         versions.append(f"PyFlink {peer_version(args.pyflink, 'apache-flink')}")
     machine = f"{os.cpu_count()} CPUs, Python {platform.python_version()}, " + ", ".join(versions)
@@ -759,14 +777,24 @@ def main(argv: Sequence[str] | None = None) -> int:
                             warm = run_rayflow(warm_config, storage)
                         else:
                             warm_config = Config(engine, Mode.NONE, 1, WARM_UP_RECORDS)
-                            warm = run_peer(warm_config, peers[engine.peer], args.peer_timeout)
+                            warm = run_peer(
+                                warm_config,
+                                peers[engine.peer],
+                                args.peer_timeout,
+                                args.bytewax_batch_size,
+                            )
                         progress(f"warm-up {warm.config.label}: {_describe(warm)}")
                 order = [c for _ in range(args.runs) for c in block.configs]
                 for i, config in enumerate(order, 1):
                     if config.engine.is_rayflow:
                         run = run_rayflow(config, storage)
                     else:
-                        run = run_peer(config, peers[config.engine.peer], args.peer_timeout)
+                        run = run_peer(
+                            config,
+                            peers[config.engine.peer],
+                            args.peer_timeout,
+                            args.bytewax_batch_size,
+                        )
                     results[config].append(run)
                     progress(f"[{i}/{len(order)}] {config.label}: {_describe(run)}")
     finally:

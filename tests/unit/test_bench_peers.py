@@ -186,7 +186,8 @@ def test_peer_command_lines(peers):
         "unaligned",
     ]
     bw = peers.Config(peers.Engine.BYTEWAX, peers.Mode.EXACTLY_ONCE, 1, 5)
-    assert peers.peer_command(bw, "py")[1].endswith("peers_bytewax.py")
+    cmd = peers.peer_command(bw, "py", bytewax_batch_size=100)
+    assert cmd[1].endswith("peers_bytewax.py") and cmd[-2:] == ["--batch-size", "100"]
 
 
 def test_results_section_is_added_then_replaced(peers):
