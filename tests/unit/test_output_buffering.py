@@ -251,3 +251,12 @@ def test_a_bundle_holds_at_most_a_window_of_items_and_the_gate_counts_items():
         return [len(unbundled(m)) for m in [first, *rest]]
 
     assert run(go()) == [3, 3, 1]
+
+
+def test_a_local_ray_passes_a_whole_output_buffer_inline_unless_the_user_set_it(monkeypatch):
+    from rayflow.environment import local_ray_system_config
+
+    monkeypatch.delenv("RAY_max_direct_call_object_size", raising=False)
+    assert local_ray_system_config() == {"max_direct_call_object_size": 1 << 20}
+    monkeypatch.setenv("RAY_max_direct_call_object_size", "4096")
+    assert local_ray_system_config() == {}
