@@ -176,7 +176,8 @@ def fresh_idle_workers() -> int | None:
         return sum(
             1
             for w in stats
-            if w.worker_type == 0
+            if w.pid > 0
+            and w.worker_type == 0
             and w.actor_id in (b"", b"\xff" * 16)
             and w.num_executed_tasks == 0
         )

@@ -24,6 +24,7 @@ could not take these workers), nothing happens.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import threading
 import time
@@ -162,10 +163,12 @@ class _RayletCalls:
         r = self.r
         request = r.pb.GetNodeStatsRequest(include_memory_info=False)
         reply = self.stub.GetNodeStats(request, timeout=5)
+        # a worker that is going away answers with empty stats (pid 0): not counted
         return sum(
             1
             for w in reply.core_workers_stats
-            if w.worker_type == r.worker
+            if w.pid > 0
+            and w.worker_type == r.worker
             and w.language == r.python
             and w.actor_id in (b"", r.nil_actor)
             and w.num_executed_tasks == 0
@@ -208,75 +211,97 @@ class WarmWorkers:
         self._raylets: dict[str, Any] = {}
         self._lock = threading.Lock()
         self._generation = 0  # a job start or a newer top-up ends the running top-up
+        self._thread: threading.Thread | None = None
+        self._exit_hook = False
 
     def _get(self) -> Any:
         try:
             node_id = self._node_id()
         except Exception:  # noqa: BLE001 - not connected
             return None
-        if node_id not in self._raylets:
-            try:
-                self._raylets[node_id] = self._factory()
-            except Exception as exc:  # noqa: BLE001 - no warm workers, nothing else changes
-                log.debug("warm workers unavailable: %s", exc)
-                self._raylets[node_id] = None
-        return self._raylets[node_id]
-
-    def prestart_missing(self, actors: int, config: WarmWorkerConfig) -> int:
-        """A job is starting with ``actors`` actors: end any top-up, and ask once for the
-        workers that are missing. Returns how many were asked for."""
         with self._lock:
-            self._generation += 1
+            if node_id not in self._raylets:
+                try:
+                    self._raylets[node_id] = self._factory()
+                except Exception as exc:  # noqa: BLE001 - no warm workers, nothing else changes
+                    log.debug("warm workers unavailable: %s", exc)
+                    self._raylets[node_id] = None
+            return self._raylets[node_id]
+
+    def prestart_missing(self, actors: int, config: WarmWorkerConfig) -> threading.Thread | None:
+        """A job with ``actors`` actors is starting: end any top-up (its processes would
+        compete with the job), and ask once, in the background, for the idle workers that
+        are missing."""
         target = config.target(actors)
-        if not config.enabled or target == 0:
-            return 0
-        raylet = self._get()
-        if raylet is None:
-            return 0
-        try:
-            with raylet.calls() as calls:
-                missing = min(target - calls.fresh_idle(), MAX_PER_CALL)
-                if missing > 0:
-                    calls.prestart(missing, config.keep_alive_s)
-            return max(missing, 0)
-        except Exception as exc:  # noqa: BLE001
-            log.debug("prestarting workers failed: %s", exc)
-            return 0
+
+        def once(calls: Any, stopped: Callable[[], bool]) -> None:
+            missing = min(target - calls.fresh_idle(), MAX_PER_CALL)
+            if missing > 0 and not stopped():
+                calls.prestart(missing, config.keep_alive_s)
+
+        return self._background(config, target, once)
 
     def keep_warm(self, actors: int, config: WarmWorkerConfig) -> threading.Thread | None:
         """A job with ``actors`` actors ended: top up idle never-used workers to that many
         in the background (until the next job starts)."""
         target = config.target(actors)
-        if not config.enabled or target == 0:
-            return None
-        raylet = self._get()
-        if raylet is None:
-            return None
+
+        def run(calls: Any, stopped: Callable[[], bool]) -> None:
+            per_round = calls.r.startup_concurrency
+            top_up(
+                calls.fresh_idle,
+                lambda n: calls.prestart(n, config.keep_alive_s),
+                target,
+                per_round=per_round,
+                max_rounds=2 * (target // per_round + 1),
+                stop=stopped,
+            )
+
+        return self._background(config, target, run)
+
+    def _background(
+        self,
+        config: WarmWorkerConfig,
+        target: int,
+        work: Callable[[Any, Callable[[], bool]], None],
+    ) -> threading.Thread | None:
+        """Run ``work(calls, stopped)`` in a thread that replaces any running one."""
         with self._lock:
             self._generation += 1
             generation = self._generation
+            if not self._exit_hook:
+                # registered after ray.init's own hook, so it runs before Ray shuts down
+                atexit.register(self.stop)
+                self._exit_hook = True
+        if not config.enabled or target == 0:
+            return None
 
         def stopped() -> bool:
             return self._generation != generation
 
         def run() -> None:
-            per_round = raylet.startup_concurrency
+            raylet = self._get()
+            if raylet is None or stopped():
+                return
             try:
                 with raylet.calls() as calls:
-                    top_up(
-                        calls.fresh_idle,
-                        lambda n: calls.prestart(n, config.keep_alive_s),
-                        target,
-                        per_round=per_round,
-                        max_rounds=2 * (target // per_round + 1),
-                        stop=stopped,
-                    )
+                    work(calls, stopped)
             except Exception as exc:  # noqa: BLE001 - Ray going away, say
-                log.debug("keeping workers warm failed: %s", exc)
+                log.debug("warm workers: %s", exc)
 
         thread = threading.Thread(target=run, name="rayflow-warm-workers", daemon=True)
+        with self._lock:
+            self._thread = thread
         thread.start()
         return thread
+
+    def stop(self, timeout_s: float = 1.0) -> None:
+        """End a running top-up (its channel to the raylet is closed on the way out)."""
+        with self._lock:
+            self._generation += 1
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout_s)
 
 
 #: The driver's warm workers.

@@ -140,8 +140,9 @@ class FakeCalls:
 
 class FakeRaylet:
     def __init__(self, node: FakeNode) -> None:
-        self.c = FakeCalls(node)
         self.startup_concurrency = node.concurrency or 1
+        self.c = FakeCalls(node)
+        self.c.r = self
 
     def calls(self) -> FakeCalls:
         return self.c
@@ -151,10 +152,11 @@ def test_prestart_missing_asks_once_for_the_missing_workers():
     node = FakeNode(idle=2, concurrency=10, ticks=1)
     raylet = FakeRaylet(node)
     warm = WarmWorkers(lambda: raylet, node_id=lambda: "n1")
-    assert warm.prestart_missing(6, WarmWorkerConfig(max_workers=16, keep_alive_s=30)) == 4
+    warm.prestart_missing(6, WarmWorkerConfig(max_workers=16, keep_alive_s=30)).join(10)
     assert node.asked == [4]
     assert raylet.c.keep_alive == [30]
-    assert warm.prestart_missing(3, WarmWorkerConfig()) == 0  # they came up: enough idle
+    warm.prestart_missing(3, WarmWorkerConfig()).join(10)  # they came up: enough idle
+    assert node.asked == [4]
 
 
 def test_keep_warm_tops_up_in_the_background_up_to_the_cap():
@@ -177,6 +179,7 @@ def test_a_job_start_ends_a_running_top_up():
 
     raylet = FakeRaylet(node)
     raylet.c = Slow(node)
+    raylet.c.r = raylet
     warm = WarmWorkers(lambda: raylet, node_id=lambda: "n1")
     thread = warm.keep_warm(8, WarmWorkerConfig(max_workers=8, keep_alive_s=10))
     warm.prestart_missing(0, WarmWorkerConfig())  # a job starts
@@ -189,7 +192,7 @@ def test_off_or_unavailable_means_no_calls():
     node = FakeNode()
     off = WarmWorkerConfig(max_workers=0)
     warm = WarmWorkers(lambda: FakeRaylet(node), node_id=lambda: "n1")
-    assert warm.prestart_missing(6, off) == 0
+    assert warm.prestart_missing(6, off) is None
     assert warm.keep_warm(6, off) is None
     assert node.asked == []
 
@@ -197,14 +200,14 @@ def test_off_or_unavailable_means_no_calls():
         raise RuntimeError("no raylet")
 
     warm = WarmWorkers(broken, node_id=lambda: "n1")
-    assert warm.prestart_missing(6, WarmWorkerConfig()) == 0
-    assert warm.keep_warm(6, WarmWorkerConfig()) is None
+    warm.prestart_missing(6, WarmWorkerConfig()).join(10)
+    warm.keep_warm(6, WarmWorkerConfig()).join(10)
 
     def not_connected() -> str:
         raise RuntimeError("Ray is not initialized")
 
     warm = WarmWorkers(lambda: FakeRaylet(node), node_id=not_connected)
-    assert warm.prestart_missing(6, WarmWorkerConfig()) == 0
+    warm.prestart_missing(6, WarmWorkerConfig()).join(10)
     assert node.asked == []
 
 
@@ -215,11 +218,23 @@ def test_a_failing_raylet_call_only_means_no_warm_workers():
 
     raylet = FakeRaylet(FakeNode())
     raylet.c = Failing(raylet.c.node)
+    raylet.c.r = raylet
     warm = WarmWorkers(lambda: raylet, node_id=lambda: "n1")
-    assert warm.prestart_missing(6, WarmWorkerConfig()) == 0
+    for thread in (
+        warm.prestart_missing(6, WarmWorkerConfig()),
+        warm.keep_warm(6, WarmWorkerConfig()),
+    ):
+        thread.join(timeout=10)
+        assert not thread.is_alive()
+
+
+def test_stop_ends_a_top_up_that_waits_for_workers():
+    node = FakeNode(idle=0, concurrency=2, ticks=10**9)  # never show up
+    warm = WarmWorkers(lambda: FakeRaylet(node), node_id=lambda: "n1")
     thread = warm.keep_warm(6, WarmWorkerConfig())
-    thread.join(timeout=10)
+    warm.stop(timeout_s=5)
     assert not thread.is_alive()
+    assert node.started <= 2  # at most one round asked for, then stopped while waiting
 
 
 def test_config_bounds():
