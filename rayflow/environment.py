@@ -744,9 +744,8 @@ class StreamExecutionEnvironment:
             hooks=self._fault_plan,
         )
         ensure_ray()
+        warm_workers.job_starting()
         warm = self._warm_workers if not settings.subtask_options.get("runtime_env") else None
-        if warm is not None:
-            warm_workers.prestart_missing(job_actor_count(graph), warm)
         lock = acquire_run_lock(job_name, settings.run_id)  # before choosing what to restore
         try:
             if restore_from is not None:

@@ -14,12 +14,11 @@ never reuses a subtask's process across jobs.
 When a job ends, :meth:`WarmWorkers.keep_warm` asks the local raylet (through Ray's own
 ``PrestartWorkers`` call) to start such workers until as many are idle as the job had
 actors; Ray keeps each alive for ``keep_alive_s`` before its idle-worker reaping may take
-it back. When a job starts, :meth:`WarmWorkers.prestart_missing` asks once for the ones
-missing (and stops a top-up still going, whose processes would compete with the job for
-CPU). Only processes are started ahead of time: which actors a job creates, who owns
-them and how they are fenced is unchanged. Where the call is not available (another Ray
-version, a Ray Client connection, a driver with a runtime environment, whose actors
-could not take these workers), nothing happens.
+it back. When a job starts, :meth:`WarmWorkers.job_starting` ends a top-up still going,
+whose processes would compete with the job for CPU. Only processes are started ahead of
+time: which actors a job creates, who owns them and how they are fenced is unchanged.
+Where the call is not available (another Ray version, a Ray Client connection, a driver
+with a runtime environment, whose actors could not take these workers), nothing happens.
 """
 
 from __future__ import annotations
@@ -228,44 +227,18 @@ class WarmWorkers:
                     self._raylets[node_id] = None
             return self._raylets[node_id]
 
-    def prestart_missing(self, actors: int, config: WarmWorkerConfig) -> threading.Thread | None:
-        """A job with ``actors`` actors is starting: end any top-up (its processes would
-        compete with the job), and ask once, in the background, for the idle workers that
-        are missing."""
-        target = config.target(actors)
-
-        def once(calls: Any, stopped: Callable[[], bool]) -> None:
-            missing = min(target - calls.fresh_idle(), MAX_PER_CALL)
-            if missing > 0 and not stopped():
-                calls.prestart(missing, config.keep_alive_s)
-
-        return self._background(config, target, once)
+    def job_starting(self) -> None:
+        """A job is starting: end any top-up. Its processes would compete with the job
+        for CPU (the ones already starting are taken by the job's actors as they come
+        up). Asking for the missing workers here does not help either: they start no
+        sooner than the job's own actors would start them, and slow its job master."""
+        self.stop(timeout_s=0)
 
     def keep_warm(self, actors: int, config: WarmWorkerConfig) -> threading.Thread | None:
         """A job with ``actors`` actors ended: top up idle never-used workers to that many
-        in the background (until the next job starts)."""
+        in a background thread (replacing a top-up still running), until the next job
+        starts. Returns the thread, None when there is nothing to do."""
         target = config.target(actors)
-
-        def run(calls: Any, stopped: Callable[[], bool]) -> None:
-            per_round = calls.r.startup_concurrency
-            top_up(
-                calls.fresh_idle,
-                lambda n: calls.prestart(n, config.keep_alive_s),
-                target,
-                per_round=per_round,
-                max_rounds=2 * (target // per_round + 1),
-                stop=stopped,
-            )
-
-        return self._background(config, target, run)
-
-    def _background(
-        self,
-        config: WarmWorkerConfig,
-        target: int,
-        work: Callable[[Any, Callable[[], bool]], None],
-    ) -> threading.Thread | None:
-        """Run ``work(calls, stopped)`` in a thread that replaces any running one."""
         with self._lock:
             self._generation += 1
             generation = self._generation
@@ -283,11 +256,19 @@ class WarmWorkers:
             raylet = self._get()
             if raylet is None or stopped():
                 return
+            per_round = raylet.startup_concurrency
             try:
                 with raylet.calls() as calls:
-                    work(calls, stopped)
+                    top_up(
+                        calls.fresh_idle,
+                        lambda n: calls.prestart(n, config.keep_alive_s),
+                        target,
+                        per_round=per_round,
+                        max_rounds=2 * (target // per_round + 1),
+                        stop=stopped,
+                    )
             except Exception as exc:  # noqa: BLE001 - Ray going away, say
-                log.debug("warm workers: %s", exc)
+                log.debug("keeping workers warm: %s", exc)
 
         thread = threading.Thread(target=run, name="rayflow-warm-workers", daemon=True)
         with self._lock:

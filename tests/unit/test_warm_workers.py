@@ -1,7 +1,7 @@
 """Ray-free tests of warm workers: the top-up policy (asks for what is missing, never
-twice for a process still starting, bounded) and the driver-side wrapper (one-shot
-prestart at a job's start, background top-up after its end, off switch, a raylet that
-is unavailable or fails)."""
+twice for a process still starting, bounded) and the driver-side wrapper (background
+top-up after a job's end, ended by the next job's start or at exit, off switch, a
+raylet that is unavailable or fails)."""
 
 from __future__ import annotations
 
@@ -148,17 +148,6 @@ class FakeRaylet:
         return self.c
 
 
-def test_prestart_missing_asks_once_for_the_missing_workers():
-    node = FakeNode(idle=2, concurrency=10, ticks=1)
-    raylet = FakeRaylet(node)
-    warm = WarmWorkers(lambda: raylet, node_id=lambda: "n1")
-    warm.prestart_missing(6, WarmWorkerConfig(max_workers=16, keep_alive_s=30)).join(10)
-    assert node.asked == [4]
-    assert raylet.c.keep_alive == [30]
-    warm.prestart_missing(3, WarmWorkerConfig()).join(10)  # they came up: enough idle
-    assert node.asked == [4]
-
-
 def test_keep_warm_tops_up_in_the_background_up_to_the_cap():
     node = FakeNode(idle=0, concurrency=2, ticks=1)
     warm = WarmWorkers(lambda: FakeRaylet(node), node_id=lambda: "n1")
@@ -182,7 +171,7 @@ def test_a_job_start_ends_a_running_top_up():
     raylet.c.r = raylet
     warm = WarmWorkers(lambda: raylet, node_id=lambda: "n1")
     thread = warm.keep_warm(8, WarmWorkerConfig(max_workers=8, keep_alive_s=10))
-    warm.prestart_missing(0, WarmWorkerConfig())  # a job starts
+    warm.job_starting()
     release.set()
     thread.join(timeout=10)
     assert not thread.is_alive()
@@ -192,7 +181,6 @@ def test_off_or_unavailable_means_no_calls():
     node = FakeNode()
     off = WarmWorkerConfig(max_workers=0)
     warm = WarmWorkers(lambda: FakeRaylet(node), node_id=lambda: "n1")
-    assert warm.prestart_missing(6, off) is None
     assert warm.keep_warm(6, off) is None
     assert node.asked == []
 
@@ -200,14 +188,13 @@ def test_off_or_unavailable_means_no_calls():
         raise RuntimeError("no raylet")
 
     warm = WarmWorkers(broken, node_id=lambda: "n1")
-    warm.prestart_missing(6, WarmWorkerConfig()).join(10)
     warm.keep_warm(6, WarmWorkerConfig()).join(10)
 
     def not_connected() -> str:
         raise RuntimeError("Ray is not initialized")
 
     warm = WarmWorkers(lambda: FakeRaylet(node), node_id=not_connected)
-    warm.prestart_missing(6, WarmWorkerConfig()).join(10)
+    warm.keep_warm(6, WarmWorkerConfig()).join(10)
     assert node.asked == []
 
 
@@ -220,12 +207,9 @@ def test_a_failing_raylet_call_only_means_no_warm_workers():
     raylet.c = Failing(raylet.c.node)
     raylet.c.r = raylet
     warm = WarmWorkers(lambda: raylet, node_id=lambda: "n1")
-    for thread in (
-        warm.prestart_missing(6, WarmWorkerConfig()),
-        warm.keep_warm(6, WarmWorkerConfig()),
-    ):
-        thread.join(timeout=10)
-        assert not thread.is_alive()
+    thread = warm.keep_warm(6, WarmWorkerConfig())
+    thread.join(timeout=10)
+    assert not thread.is_alive()
 
 
 def test_stop_ends_a_top_up_that_waits_for_workers():
