@@ -212,6 +212,8 @@ class WarmWorkers:
         self._generation = 0  # a job start or a newer top-up ends the running top-up
         self._thread: threading.Thread | None = None
         self._exit_hook = False
+        self._recent: list[tuple[float, int]] = []  # (when, actors) of jobs that ended
+        self._clock = time.monotonic
 
     def _get(self) -> Any:
         try:
@@ -235,11 +237,16 @@ class WarmWorkers:
         self.stop(timeout_s=0)
 
     def keep_warm(self, actors: int, config: WarmWorkerConfig) -> threading.Thread | None:
-        """A job with ``actors`` actors ended: top up idle never-used workers to that many
-        in a background thread (replacing a top-up still running), until the next job
-        starts. Returns the thread, None when there is nothing to do."""
-        target = config.target(actors)
+        """A job with ``actors`` actors ended: top up idle never-used workers, in a
+        background thread (replacing a top-up still running) until the next job starts,
+        to as many as the largest job that ended within ``keep_alive_s`` had actors (jobs
+        of different sizes take turns). Returns the thread, None when there is nothing
+        to do."""
         with self._lock:
+            now = self._clock()
+            self._recent = [(t, n) for t, n in self._recent if now - t < config.keep_alive_s]
+            self._recent.append((now, actors))
+            target = config.target(max(n for _, n in self._recent))
             self._generation += 1
             generation = self._generation
             if not self._exit_hook:

@@ -157,6 +157,24 @@ def test_keep_warm_tops_up_in_the_background_up_to_the_cap():
     assert node.idle_now == 4
 
 
+def test_the_pool_is_sized_for_the_largest_recent_job():
+    node = FakeNode(idle=0, concurrency=2, ticks=1)
+    warm = WarmWorkers(lambda: FakeRaylet(node), node_id=lambda: "n1")
+    now = [0.0]
+    warm._clock = lambda: now[0]
+    config = WarmWorkerConfig(max_workers=16, keep_alive_s=60)
+    warm.keep_warm(6, config).join(30)
+    assert node.idle_now == 6
+    node.idle_now = 0  # the next job took them
+    now[0] = 30.0
+    warm.keep_warm(4, config).join(30)  # a smaller job: still ready for the larger one
+    assert node.idle_now == 6
+    node.idle_now = 0
+    now[0] = 100.0  # the larger job ended longer ago than the keep-alive
+    warm.keep_warm(4, config).join(30)
+    assert node.idle_now == 4
+
+
 def test_a_job_start_ends_a_running_top_up():
     node = FakeNode(idle=0, concurrency=1, ticks=10**9)  # never show up: the top-up waits
     release = threading.Event()
