@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 
 import ray
-from ray.exceptions import RayActorError
+from ray.exceptions import GetTimeoutError, RayActorError
 
 from rayflow.errors import ConcurrentRunError
 
@@ -54,6 +54,8 @@ def acquire_run_lock(job_name: str, run_id: str):
             holder = ray.get(existing.holder.remote(), timeout=10)
         except RayActorError:
             holder = None  # a dead holder: its name is released in a moment
+        except GetTimeoutError:
+            holder = "unknown: its lock did not answer within 10 s"  # taken, still starting
         if holder is not None:
             raise ConcurrentRunError(
                 f"job {job_name!r} is already running (run {holder}); two runs of one job "
