@@ -2,47 +2,100 @@
 
 The public surface is what ``__all__`` lists; everything under
 ``rayflow.runtime``, ``rayflow.plan`` and ``rayflow.checkpoint`` is internal.
+
+Public names are imported on first use: a Ray worker process that only needs part of
+rayflow (a subtask, the job master, the run lock) imports only that part, which
+shortens the start of every actor of a job.
 """
 
-from rayflow.config import (
-    CheckpointConfig,
-    CheckpointingMode,
-    RestartStrategies,
-    RestartStrategy,
-)
-from rayflow.datastream import DataStream, DataStreamSink, KeyedStream
-from rayflow.environment import JobClient, JobResult, StreamExecutionEnvironment
-from rayflow.errors import ConcurrentRunError, JobCancelledError, JobFailedError, OperatorError
-from rayflow.functions import (
-    FilterFunction,
-    FlatMapFunction,
-    KeyedProcessFunction,
-    MapFunction,
-    ReduceFunction,
-    RuntimeContext,
-)
-from rayflow.guarantees import DeliveryGuarantee
-from rayflow.sink import (
-    RollingPolicy,
-    Sink,
-    SinkContext,
-    SinkWriter,
-    TwoPhaseCommittingSink,
-    UnsupportedGuaranteeError,
-)
-from rayflow.sources import CollectionSource, FileSource, NumberSequenceSource, Source
-from rayflow.state import (
-    ListState,
-    ListStateDescriptor,
-    MapState,
-    MapStateDescriptor,
-    ReducingState,
-    ReducingStateDescriptor,
-    ValueState,
-    ValueStateDescriptor,
-)
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rayflow.config import (
+        CheckpointConfig,
+        CheckpointingMode,
+        RestartStrategies,
+        RestartStrategy,
+    )
+    from rayflow.datastream import DataStream, DataStreamSink, KeyedStream
+    from rayflow.environment import JobClient, JobResult, StreamExecutionEnvironment
+    from rayflow.errors import ConcurrentRunError, JobCancelledError, JobFailedError, OperatorError
+    from rayflow.functions import (
+        FilterFunction,
+        FlatMapFunction,
+        KeyedProcessFunction,
+        MapFunction,
+        ReduceFunction,
+        RuntimeContext,
+    )
+    from rayflow.guarantees import DeliveryGuarantee
+    from rayflow.sink import (
+        RollingPolicy,
+        Sink,
+        SinkContext,
+        SinkWriter,
+        TwoPhaseCommittingSink,
+        UnsupportedGuaranteeError,
+    )
+    from rayflow.sources import CollectionSource, FileSource, NumberSequenceSource, Source
+    from rayflow.state import (
+        ListState,
+        ListStateDescriptor,
+        MapState,
+        MapStateDescriptor,
+        ReducingState,
+        ReducingStateDescriptor,
+        ValueState,
+        ValueStateDescriptor,
+    )
 
 __version__ = "0.1.0"
+
+#: public name -> the module that defines it
+_EXPORTS: dict[str, str] = {
+    "StreamExecutionEnvironment": "rayflow.environment",
+    "JobClient": "rayflow.environment",
+    "JobResult": "rayflow.environment",
+    "DataStream": "rayflow.datastream",
+    "KeyedStream": "rayflow.datastream",
+    "DataStreamSink": "rayflow.datastream",
+    "MapFunction": "rayflow.functions",
+    "FlatMapFunction": "rayflow.functions",
+    "FilterFunction": "rayflow.functions",
+    "ReduceFunction": "rayflow.functions",
+    "KeyedProcessFunction": "rayflow.functions",
+    "RuntimeContext": "rayflow.functions",
+    "ValueStateDescriptor": "rayflow.state",
+    "ListStateDescriptor": "rayflow.state",
+    "MapStateDescriptor": "rayflow.state",
+    "ReducingStateDescriptor": "rayflow.state",
+    "ValueState": "rayflow.state",
+    "ListState": "rayflow.state",
+    "MapState": "rayflow.state",
+    "ReducingState": "rayflow.state",
+    "Source": "rayflow.sources",
+    "NumberSequenceSource": "rayflow.sources",
+    "CollectionSource": "rayflow.sources",
+    "FileSource": "rayflow.sources",
+    "Sink": "rayflow.sink",
+    "SinkWriter": "rayflow.sink",
+    "SinkContext": "rayflow.sink",
+    "TwoPhaseCommittingSink": "rayflow.sink",
+    "RollingPolicy": "rayflow.sink",
+    "UnsupportedGuaranteeError": "rayflow.sink",
+    "CheckpointConfig": "rayflow.config",
+    "CheckpointingMode": "rayflow.config",
+    "RestartStrategies": "rayflow.config",
+    "RestartStrategy": "rayflow.config",
+    "DeliveryGuarantee": "rayflow.guarantees",
+    "JobFailedError": "rayflow.errors",
+    "JobCancelledError": "rayflow.errors",
+    "ConcurrentRunError": "rayflow.errors",
+    "OperatorError": "rayflow.errors",
+}
 
 __all__ = [
     "StreamExecutionEnvironment",
@@ -86,3 +139,16 @@ __all__ = [
     "OperatorError",
     "__version__",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'rayflow' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

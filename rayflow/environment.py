@@ -37,6 +37,7 @@ from rayflow.runtime.restore import check_channel_state
 from rayflow.runtime.run_lock import acquire_run_lock, release_run_lock
 from rayflow.runtime.settings import JobSettings
 from rayflow.runtime.supervisor import RestartSupervisor
+from rayflow.runtime.warm_workers import WarmWorkerConfig, warm_workers
 from rayflow.sink import Sink, UnsupportedGuaranteeError
 from rayflow.sources import CollectionSource, Source
 from rayflow.status import FailureKind, JobState
@@ -149,10 +150,17 @@ class JobClient:
     """
 
     def __init__(
-        self, job_name: str, job_id: str, graph: JobGraph, settings: JobSettings, lock: Any = None
+        self,
+        job_name: str,
+        job_id: str,
+        graph: JobGraph,
+        settings: JobSettings,
+        lock: Any = None,
+        warm: WarmWorkerConfig | None = None,
     ) -> None:
         self.job_name = job_name
         self._lock = lock
+        self._warm = warm
         self.job_id = job_id
         self.run_id = settings.run_id
         self._graph = graph
@@ -361,6 +369,15 @@ class JobClient:
             pass
         release_run_lock(self._lock)
         self._lock = None
+        if self._warm is not None:
+            # the next job of this driver finds its processes started
+            warm_workers.keep_warm(job_actor_count(self._graph), self._warm)
+            self._warm = None
+
+
+def job_actor_count(graph: JobGraph) -> int:
+    """Actors a run of ``graph`` takes: one per subtask, the job master and the run lock."""
+    return sum(v.parallelism for v in graph.vertices.values()) + 2
 
 
 def settings_generation(settings: JobSettings) -> int:
@@ -495,6 +512,7 @@ class StreamExecutionEnvironment:
         self._checkpoint_config = CheckpointConfig()
         self._restart_strategy: RestartStrategy | None = None
         self._fault_plan = None
+        self._warm_workers = WarmWorkerConfig()
 
     @staticmethod
     def get_execution_environment() -> StreamExecutionEnvironment:
@@ -637,6 +655,16 @@ class StreamExecutionEnvironment:
     def set_subtask_options(self, **options: Any) -> StreamExecutionEnvironment:
         """Ray actor options for every subtask (``num_cpus``, ``scheduling_strategy``, ...)."""
         self._subtask_options = options
+        return self
+
+    def set_warm_workers(
+        self, max_workers: int = 16, keep_alive_s: float = 120.0
+    ) -> StreamExecutionEnvironment:
+        """After each job, keep never-used Ray worker processes idle on this driver's node,
+        as many as the job had actors (at most ``max_workers``), for ``keep_alive_s``: the
+        next job's actors then start without starting processes. Each idle worker holds
+        about 100 MB. ``max_workers=0`` turns it off. On by default (16, 120 s)."""
+        self._warm_workers = WarmWorkerConfig(max_workers, keep_alive_s)
         return self
 
     # --- sources -------------------------------------------------------------------------
@@ -786,6 +814,8 @@ class StreamExecutionEnvironment:
             hooks=self._fault_plan,
         )
         ensure_ray()
+        warm_workers.job_starting()
+        warm = self._warm_workers if not settings.subtask_options.get("runtime_env") else None
         lock = acquire_run_lock(job_name, settings.run_id)  # before choosing what to restore
         try:
             if restore_from is not None:
@@ -800,7 +830,7 @@ class StreamExecutionEnvironment:
                 settings.first_checkpoint_id = jobs.max_checkpoint_id() + 1
             for sink in _sinks_of(graph):
                 sink.setup(job_name)
-            client = JobClient(job_name, settings.job_id, graph, settings, lock)
+            client = JobClient(job_name, settings.job_id, graph, settings, lock, warm)
         except BaseException:
             release_run_lock(lock)
             raise

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 
 import ray
-from ray.exceptions import RayActorError
+from ray.exceptions import GetTimeoutError, RayActorError
 
 from rayflow.errors import ConcurrentRunError
 
@@ -35,30 +35,34 @@ def _lock_name(job_name: str) -> str:
 
 
 def acquire_run_lock(job_name: str, run_id: str):
-    """Take the job name's lock for ``run_id``; raises :class:`ConcurrentRunError`."""
+    """Take the job name's lock for ``run_id``; raises :class:`ConcurrentRunError`.
+
+    Creating a named actor registers its name with the GCS before ``.remote()`` returns
+    (a taken name raises ``ValueError`` there), so the lock is held from that moment;
+    its process starts in the background and nothing waits for it."""
     name = _lock_name(job_name)
     for _ in range(50):
         try:
+            return _RunLock.options(name=name, namespace=NAMESPACE).remote(run_id)
+        except ValueError:
+            pass  # taken: by a live run, or by a dead holder whose name goes in a moment
+        try:
             existing = ray.get_actor(name, namespace=NAMESPACE)
         except ValueError:
-            existing = None
-        if existing is not None:
-            try:
-                holder = ray.get(existing.holder.remote(), timeout=10)
-            except RayActorError:
-                holder = None  # a dead holder: its name is released in a moment
-            if holder is not None:
-                raise ConcurrentRunError(
-                    f"job {job_name!r} is already running (run {holder}); two runs of one job "
-                    "name would write the same sink transactions. Wait for it, cancel it, or "
-                    "run this one under another name."
-                )
+            continue  # released meanwhile
         try:
-            lock = _RunLock.options(name=name, namespace=NAMESPACE).remote(run_id)
-            ray.get(lock.holder.remote())
-            return lock
-        except ValueError:
-            time.sleep(0.1)  # taken meanwhile, or a dead holder's name not yet released
+            holder = ray.get(existing.holder.remote(), timeout=10)
+        except RayActorError:
+            holder = None  # a dead holder: its name is released in a moment
+        except GetTimeoutError:
+            holder = "unknown: its lock did not answer within 10 s"  # taken, still starting
+        if holder is not None:
+            raise ConcurrentRunError(
+                f"job {job_name!r} is already running (run {holder}); two runs of one job "
+                "name would write the same sink transactions. Wait for it, cancel it, or "
+                "run this one under another name."
+            )
+        time.sleep(0.1)
     raise ConcurrentRunError(f"job {job_name!r}: could not take its run lock")
 
 

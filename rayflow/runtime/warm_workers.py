@@ -1,0 +1,296 @@
+"""Warm workers: never-used Ray worker processes kept idle on the driver's node, so that
+the next job's actors start without waiting for new processes.
+
+Every actor of a job (its job master, each subtask, the run lock) takes a Ray worker
+process of its own. A new process costs most of a second of CPU (an interpreter that
+imports Ray), and Ray starts only as many at once as the node has CPUs: on a small
+machine a job of six actors waits seconds for its processes. Ray keeps idle worker
+processes on each node and gives a new actor one that has never run a task or an actor
+and whose runtime environment matches; it starts a few itself for the first driver.
+Such a process holds nothing of anybody: no thread, no state, no transaction of an
+earlier job. Ray never gives an actor a process that ran something else, and rayflow
+never reuses a subtask's process across jobs.
+
+When a job ends, :meth:`WarmWorkers.keep_warm` asks the local raylet (through Ray's own
+``PrestartWorkers`` call) to start such workers until as many are idle as the job had
+actors; Ray keeps each alive for ``keep_alive_s`` before its idle-worker reaping may take
+it back. When a job starts, :meth:`WarmWorkers.job_starting` ends a top-up still going,
+whose processes would compete with the job for CPU. Only processes are started ahead of
+time: which actors a job creates, who owns them and how they are fenced is unchanged.
+Where the call is not available (another Ray version, a Ray Client connection, a driver
+with a runtime environment, whose actors could not take these workers), nothing happens.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["WarmWorkerConfig", "WarmWorkers", "top_up", "warm_workers"]
+
+log = logging.getLogger("rayflow.warm_workers")
+
+#: Workers asked for in one ``PrestartWorkers`` call at most (Ray caps a call at 10).
+MAX_PER_CALL = 10
+
+
+@dataclass(frozen=True)
+class WarmWorkerConfig:
+    """How many never-used workers to keep idle after a job, and for how long.
+
+    ``max_workers`` caps the count (a job asks for as many as it had actors); 0 turns
+    warm workers off. Each idle worker holds a Python process with Ray imported (about
+    100 MB) until it is used or ``keep_alive_s`` has passed."""
+
+    max_workers: int = 16
+    keep_alive_s: float = 120.0
+
+    def __post_init__(self) -> None:
+        if self.max_workers < 0:
+            raise ValueError(f"max_workers must be >= 0, got {self.max_workers}")
+        if self.keep_alive_s < 0:
+            raise ValueError(f"keep_alive_s must be >= 0, got {self.keep_alive_s}")
+
+    @property
+    def enabled(self) -> bool:
+        return self.max_workers > 0 and self.keep_alive_s > 0
+
+    def target(self, actors: int) -> int:
+        return max(0, min(actors, self.max_workers))
+
+
+def top_up(
+    idle: Callable[[], int],
+    start: Callable[[int], None],
+    target: int,
+    *,
+    per_round: int,
+    max_rounds: int,
+    round_s: float = 10.0,
+    settle_s: float = 2.0,
+    stop: Callable[[], bool] = lambda: False,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+    poll_s: float = 0.1,
+) -> int:
+    """Start workers until ``idle()`` reaches ``target``; returns how many were asked for.
+
+    Each round asks for what is missing, at most ``per_round`` (the raylet starts only as
+    many processes at once as the node has CPUs, and drops the rest), then waits until
+    those show up idle: until all did, or none more came for ``settle_s`` after one did,
+    or ``round_s`` passed. A process still starting is not idle yet, so asking again
+    before it shows up would start one too many. At most ``max_rounds`` rounds; ``stop()``
+    ends it between polls."""
+    asked = 0
+    for _ in range(max_rounds):
+        if stop():
+            break
+        have = idle()
+        n = min(target - have, per_round, MAX_PER_CALL)
+        if n <= 0:
+            break
+        start(n)
+        asked += n
+        deadline = clock() + round_s
+        last, last_change = have, None
+        while not stop() and clock() < deadline:
+            sleep(poll_s)
+            now = idle()
+            if now >= have + n:
+                break
+            if now != last:
+                last, last_change = now, clock()
+            elif last_change is not None and clock() - last_change >= settle_s:
+                break
+    return asked
+
+
+class _Raylet:
+    """The local raylet's ``PrestartWorkers`` and ``GetNodeStats`` calls (Ray internals:
+    every use is guarded, and a failure only means no warm workers). ``with
+    raylet.calls() as calls:`` opens a channel for one series of calls and closes it
+    again, so that none is left open when Ray shuts down."""
+
+    def __init__(self) -> None:
+        import ray
+        from ray.core.generated import common_pb2, node_manager_pb2, node_manager_pb2_grpc
+
+        ctx = ray.get_runtime_context()
+        if ctx.runtime_env:
+            raise RuntimeError("the driver has a runtime environment")
+        node_id = ctx.get_node_id()
+        node = next(n for n in ray.nodes() if n["NodeID"] == node_id and n["Alive"])
+        self.address = f"{node['NodeManagerAddress']}:{node['NodeManagerPort']}"
+        #: processes the raylet starts at once (Ray's default: the node's CPUs)
+        self.startup_concurrency = max(1, int(node["Resources"].get("CPU", 1)))
+        self.pb = node_manager_pb2
+        self.grpc = node_manager_pb2_grpc
+        self.python = common_pb2.PYTHON
+        self.worker = common_pb2.WORKER
+        self.job_id = bytes.fromhex(ctx.get_job_id())
+        self.nil_job = b"\xff" * len(self.job_id)
+        self.nil_actor = b"\xff" * len(ray.ActorID.nil().binary())
+
+    def calls(self) -> _RayletCalls:
+        return _RayletCalls(self)
+
+
+class _RayletCalls:
+    def __init__(self, raylet: _Raylet) -> None:
+        self.r = raylet
+        self.channel: Any = None
+        self.stub: Any = None
+
+    def __enter__(self) -> _RayletCalls:
+        from ray._private.grpc_utils import init_grpc_channel
+
+        self.channel = init_grpc_channel(self.r.address)
+        self.stub = self.r.grpc.NodeManagerServiceStub(self.channel)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.channel.close()
+
+    def fresh_idle(self) -> int:
+        """Worker processes on the node that never ran a task or an actor and could run
+        this driver's actors (bound to no job yet, or to this one)."""
+        r = self.r
+        request = r.pb.GetNodeStatsRequest(include_memory_info=False)
+        reply = self.stub.GetNodeStats(request, timeout=5)
+        # a worker that is going away answers with empty stats (pid 0): not counted
+        return sum(
+            1
+            for w in reply.core_workers_stats
+            if w.pid > 0
+            and w.worker_type == r.worker
+            and w.language == r.python
+            and w.actor_id in (b"", r.nil_actor)
+            and w.num_executed_tasks == 0
+            and w.num_running_tasks == 0
+            and w.job_id in (b"", r.nil_job, r.job_id)
+        )
+
+    def prestart(self, n: int, keep_alive_s: float) -> None:
+        r = self.r
+        self.stub.PrestartWorkers(
+            r.pb.PrestartWorkersRequest(
+                language=r.python,
+                job_id=r.job_id,
+                keep_alive_duration_secs=int(keep_alive_s),
+                num_workers=n,
+            ),
+            timeout=5,
+        )
+
+
+def _current_node_id() -> str:
+    import ray
+
+    if not ray.is_initialized():
+        raise RuntimeError("Ray is not initialized")
+    return ray.get_runtime_context().get_node_id()
+
+
+class WarmWorkers:
+    """Keeps never-used workers idle on the driver's node between jobs (one per driver)."""
+
+    def __init__(
+        self,
+        raylet_factory: Callable[[], Any] = _Raylet,
+        node_id: Callable[[], str] | None = None,
+    ) -> None:
+        self._factory = raylet_factory
+        self._node_id = node_id or _current_node_id
+        # per node id (a new Ray has new ones); None where unavailable
+        self._raylets: dict[str, Any] = {}
+        self._lock = threading.Lock()
+        self._generation = 0  # a job start or a newer top-up ends the running top-up
+        self._thread: threading.Thread | None = None
+        self._exit_hook = False
+        self._recent: list[tuple[float, int]] = []  # (when, actors) of jobs that ended
+        self._clock = time.monotonic
+
+    def _get(self) -> Any:
+        try:
+            node_id = self._node_id()
+        except Exception:  # noqa: BLE001 - not connected
+            return None
+        with self._lock:
+            if node_id not in self._raylets:
+                try:
+                    self._raylets[node_id] = self._factory()
+                except Exception as exc:  # noqa: BLE001 - no warm workers, nothing else changes
+                    log.debug("warm workers unavailable: %s", exc)
+                    self._raylets[node_id] = None
+            return self._raylets[node_id]
+
+    def job_starting(self) -> None:
+        """A job is starting: end any top-up. Its processes would compete with the job
+        for CPU (the ones already starting are taken by the job's actors as they come
+        up). Asking for the missing workers here does not help either: they start no
+        sooner than the job's own actors would start them, and slow its job master."""
+        self.stop(timeout_s=0)
+
+    def keep_warm(self, actors: int, config: WarmWorkerConfig) -> threading.Thread | None:
+        """A job with ``actors`` actors ended: top up idle never-used workers, in a
+        background thread (replacing a top-up still running) until the next job starts,
+        to as many as the largest job that ended within ``keep_alive_s`` had actors (jobs
+        of different sizes take turns). Returns the thread, None when there is nothing
+        to do."""
+        with self._lock:
+            now = self._clock()
+            self._recent = [(t, n) for t, n in self._recent if now - t < config.keep_alive_s]
+            self._recent.append((now, actors))
+            target = config.target(max(n for _, n in self._recent))
+            self._generation += 1
+            generation = self._generation
+            if not self._exit_hook:
+                # registered after ray.init's own hook, so it runs before Ray shuts down
+                atexit.register(self.stop)
+                self._exit_hook = True
+        if not config.enabled or target == 0:
+            return None
+
+        def stopped() -> bool:
+            return self._generation != generation
+
+        def run() -> None:
+            raylet = self._get()
+            if raylet is None or stopped():
+                return
+            per_round = raylet.startup_concurrency
+            try:
+                with raylet.calls() as calls:
+                    top_up(
+                        calls.fresh_idle,
+                        lambda n: calls.prestart(n, config.keep_alive_s),
+                        target,
+                        per_round=per_round,
+                        max_rounds=2 * (target // per_round + 1),
+                        stop=stopped,
+                    )
+            except Exception as exc:  # noqa: BLE001 - Ray going away, say
+                log.debug("keeping workers warm: %s", exc)
+
+        thread = threading.Thread(target=run, name="rayflow-warm-workers", daemon=True)
+        with self._lock:
+            self._thread = thread
+        thread.start()
+        return thread
+
+    def stop(self, timeout_s: float = 1.0) -> None:
+        """End a running top-up (its channel to the raylet is closed on the way out)."""
+        with self._lock:
+            self._generation += 1
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout_s)
+
+
+#: The driver's warm workers.
+warm_workers = WarmWorkers()

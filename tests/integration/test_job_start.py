@@ -1,0 +1,110 @@
+"""Job start on a real Ray: the run lock is held from the moment its actor is created
+(before its process runs), and warm workers (never-used Ray worker processes kept idle
+after a job) fill up to the job's actors, go to the next job's actors, and go away
+after their keep-alive."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+import pyarrow as pa
+import pytest
+import ray
+
+from rayflow import (
+    ConcurrentRunError,
+    NumberSequenceSource,
+    Sink,
+    SinkContext,
+    SinkWriter,
+    StreamExecutionEnvironment,
+)
+from rayflow.runtime.run_lock import acquire_run_lock, release_run_lock
+from rayflow.runtime.warm_workers import _Raylet, warm_workers
+
+
+def _job_name(name: str) -> str:
+    return f"{name}-{uuid.uuid4().hex[:8]}"
+
+
+def test_the_run_lock_is_held_before_its_process_has_started():
+    job = _job_name("lock")
+    first = acquire_run_lock(job, "run-first")  # returns without waiting for its process
+    try:
+        with pytest.raises(ConcurrentRunError, match="already running.*run-first"):
+            acquire_run_lock(job, "run-second")
+    finally:
+        release_run_lock(first)
+    second = acquire_run_lock(job, "run-second")  # released: taken again
+    release_run_lock(second)
+
+
+def _fresh_idle() -> int:
+    with _Raylet().calls() as calls:
+        return calls.fresh_idle()
+
+
+def _wait_for(condition, timeout_s: float = 90.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.25)
+    return condition()
+
+
+class _Values(SinkWriter):
+    def __init__(self) -> None:
+        self.values: list[int] = []
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        self.values += batch.column("value").to_pylist()
+
+    def finish(self) -> Any:
+        return self.values
+
+
+class ValuesSink(Sink):
+    def create_writer(self, context: SinkContext) -> SinkWriter:
+        return _Values()
+
+    def merge_results(self, results: list[Any]) -> Any:
+        return sorted(v for r in results for v in r)
+
+
+def _job(keep_alive_s: float, max_workers: int = 16) -> tuple[StreamExecutionEnvironment, Sink]:
+    env = StreamExecutionEnvironment().set_parallelism(2)
+    env.set_warm_workers(max_workers=max_workers, keep_alive_s=keep_alive_s)
+    sink = ValuesSink()
+    env.from_source(NumberSequenceSource(0, 999, batch_size=100)).map_batches(lambda b: b).sink_to(
+        sink
+    )
+    return env, sink
+
+
+def test_warm_workers_fill_up_after_a_job_serve_the_next_and_expire():
+    env, sink = _job(keep_alive_s=8)
+    env.execute(_job_name("warm"))
+    actors = 2 + 2  # two subtasks (one chained vertex at parallelism 2), master, lock
+    assert _wait_for(lambda: _fresh_idle() >= actors)
+
+    env, sink = _job(keep_alive_s=8)
+    result = env.execute(_job_name("warm"))
+    assert result.sink_result(sink) == list(range(1000))  # the job ran on them as usual
+
+    # no job for longer than the keep-alive: Ray takes back idle workers beyond its own
+    # limit (the node's available CPUs)
+    limit = int(ray.available_resources().get("CPU", 0))
+    if limit < actors:
+        assert _wait_for(lambda: _fresh_idle() <= limit, timeout_s=60)
+
+
+def test_warm_workers_can_be_turned_off():
+    warm_workers.stop()
+    before = _fresh_idle()
+    env, _ = _job(keep_alive_s=60, max_workers=0)
+    env.execute(_job_name("cold"))
+    time.sleep(3)
+    assert _fresh_idle() <= max(before, 2)  # none asked for (Ray keeps its own few)
