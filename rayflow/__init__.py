@@ -144,10 +144,38 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
+        if name in _SUBMODULES:  # ``import rayflow; rayflow.sources`` as before
+            return importlib.import_module(f"rayflow.{name}")
         raise AttributeError(f"module 'rayflow' has no attribute {name!r}")
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value
+
+
+#: Submodules reachable as attributes of the package without importing them first.
+_SUBMODULES = frozenset(
+    {
+        "config",
+        "datastream",
+        "durability",
+        "environment",
+        "errors",
+        "functions",
+        "guarantees",
+        "keygroups",
+        "sink",
+        "sources",
+        "state",
+        "status",
+        "testing",
+        "checkpoint",
+        "plan",
+        "runtime",
+        "bench",
+        "jobs",
+        "cli",
+    }
+)
 
 
 def __dir__() -> list[str]:

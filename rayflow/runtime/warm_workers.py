@@ -206,7 +206,7 @@ class WarmWorkers:
     ) -> None:
         self._factory = raylet_factory
         self._node_id = node_id or _current_node_id
-        # per node id (a new Ray has new ones); None where unavailable
+        # the raylet handle of the current connection only; None where unavailable
         self._raylets: dict[str, Any] = {}
         self._lock = threading.Lock()
         self._generation = 0  # a job start or a newer top-up ends the running top-up
@@ -221,12 +221,15 @@ class WarmWorkers:
         except Exception:  # noqa: BLE001 - not connected
             return None
         with self._lock:
-            if node_id not in self._raylets:
-                try:
-                    self._raylets[node_id] = self._factory()
-                except Exception as exc:  # noqa: BLE001 - no warm workers, nothing else changes
-                    log.debug("warm workers unavailable: %s", exc)
-                    self._raylets[node_id] = None
+            # Made anew each time, never cached: a driver that leaves and joins the same
+            # cluster again keeps its node id but has a new Ray job id, and workers must
+            # be started for the job it runs now.
+            self._raylets.clear()
+            try:
+                self._raylets[node_id] = self._factory()
+            except Exception as exc:  # noqa: BLE001 - no warm workers, nothing else changes
+                log.debug("warm workers unavailable: %s", exc)
+                self._raylets[node_id] = None
             return self._raylets[node_id]
 
     def job_starting(self) -> None:
