@@ -61,7 +61,18 @@ class ReducingStateDescriptor:
 
 
 class KeyedStateBackend:
-    """Heap storage of keyed state, partitioned by key group."""
+    """Heap storage of keyed state, partitioned by key group.
+
+    Looking a key's key group up (a hash) and then its tables costs more than the
+    state access itself, so both are cached per key: ``key -> its key group's
+    tables`` for :meth:`set_current_key`, and ``key -> table`` per state name for
+    operators that touch one state per record (:meth:`key_tables`). The caches only
+    ever hold references to the tables in ``key group -> state name -> key -> value``;
+    they are emptied in place when a restore replaces tables, and when they grow
+    past a bound. Snapshots and restores read and write the tables alone.
+    """
+
+    _KEY_CACHE_SIZE = 65_536
 
     def __init__(self, max_parallelism: int, key_groups: Iterable[int]) -> None:
         self.max_parallelism = max_parallelism
@@ -69,20 +80,27 @@ class KeyedStateBackend:
         self._groups: dict[int, dict[str, dict[Any, Any]]] = {}
         self._current_key: Any = None
         self._current_group: dict[str, dict[Any, Any]] | None = None
-        self._group_cache: dict[Any, int] = {}
+        self._group_of_key: dict[Any, dict[str, dict[Any, Any]]] = {}
+        self._table_of_key: dict[str, dict[Any, dict[Any, Any]]] = {}
 
-    _GROUP_CACHE_SIZE = 65_536
+    def _group_tables(self, key: Any) -> dict[str, dict[Any, Any]]:
+        """The ``state name -> table`` of ``key``'s key group, created when missing."""
+        cache = self._group_of_key
+        tables = cache.get(key)
+        if tables is None:
+            group = key_group_of(key, self.max_parallelism)
+            tables = self._groups.setdefault(group, {})
+            if len(cache) >= self._KEY_CACHE_SIZE:
+                cache.clear()
+            cache[key] = tables
+        return tables
 
     def set_current_key(self, key: Any) -> None:
-        cache = self._group_cache
-        group = cache.get(key)
-        if group is None:
-            group = key_group_of(key, self.max_parallelism)
-            if len(cache) >= self._GROUP_CACHE_SIZE:
-                cache.clear()
-            cache[key] = group
+        tables = self._group_of_key.get(key)
+        if tables is None:
+            tables = self._group_tables(key)
         self._current_key = key
-        self._current_group = self._groups.setdefault(group, {})
+        self._current_group = tables
 
     @property
     def current_key(self) -> Any:
@@ -90,12 +108,36 @@ class KeyedStateBackend:
 
     def table(self, name: str) -> dict[Any, Any]:
         """The ``key -> value`` table of state ``name`` in the current key group."""
-        if self._current_group is None:
-            raise RuntimeError("keyed state used outside of a keyed context (no current key)")
         tables = self._current_group
+        if tables is None:
+            raise RuntimeError("keyed state used outside of a keyed context (no current key)")
         table = tables.get(name)
         if table is None:
             table = tables[name] = {}
+        return table
+
+    def key_tables(self, name: str) -> dict[Any, dict[Any, Any]]:
+        """A cache ``key -> the key -> value table of state name in key's group``.
+
+        For hot loops: a key it lacks is looked up (and added) with
+        :meth:`table_of_key`. The same mapping is returned every time; it is emptied,
+        never replaced, whenever an entry could go stale.
+        """
+        cache = self._table_of_key.get(name)
+        if cache is None:
+            cache = self._table_of_key[name] = {}
+        return cache
+
+    def table_of_key(self, key: Any, name: str) -> dict[Any, Any]:
+        """The ``key -> value`` table of state ``name`` in ``key``'s key group."""
+        tables = self._group_tables(key)
+        table = tables.get(name)
+        if table is None:
+            table = tables[name] = {}
+        cache = self.key_tables(name)
+        if len(cache) >= self._KEY_CACHE_SIZE:
+            cache.clear()
+        cache[key] = table
         return table
 
     def table_for_group(self, key_group: int, name: str) -> dict[Any, Any]:
@@ -120,6 +162,14 @@ class KeyedStateBackend:
             for group, blob in snapshot.items():
                 if group in self.key_groups:
                     self._groups[group] = pickle.loads(blob)
+        self._drop_caches()
+
+    def _drop_caches(self) -> None:
+        self._group_of_key.clear()
+        for cache in self._table_of_key.values():
+            cache.clear()
+        if self._current_group is not None:
+            self._current_group = self._group_tables(self._current_key)
 
 
 class _KeyedState:

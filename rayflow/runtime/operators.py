@@ -10,14 +10,15 @@ Contract, for every operator (called only from the subtask's mailbox loop):
   subtasks (several when rescaling);
 * ``notify_checkpoint_complete(checkpoint_id)`` / ``result()`` / ``close()``.
 
-Per-record functions convert a batch to dicts and back; ``map_batches`` and the
-built-in keyed aggregations stay vectorized.
+Per-record functions convert a batch to dicts and back (:mod:`rayflow.runtime.records`);
+``map_batches`` and the built-in keyed aggregations stay vectorized.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Any
 
 import pyarrow as pa
@@ -33,6 +34,7 @@ from rayflow.functions import (
 )
 from rayflow.keygroups import key_group_of, key_groups_of_array, key_groups_of_subtask
 from rayflow.plan.partitioners import KeySelector
+from rayflow.runtime.records import batch_to_columns, batch_to_rows, rows_to_batches
 from rayflow.sink import Sink, SinkContext
 from rayflow.state import KeyedStateBackend
 
@@ -83,10 +85,6 @@ class Operator:
         pass
 
 
-def _rows_to_batch(rows: list[dict[str, Any]]) -> list[pa.RecordBatch]:
-    return [pa.RecordBatch.from_pylist(rows)] if rows else []
-
-
 def _call_open(function: Any, runtime_context: RuntimeContext) -> None:
     if isinstance(function, Function):
         function.open(runtime_context)
@@ -122,8 +120,7 @@ class MapOperator(_UserFunctionOperator):
         self._call = fn.map if isinstance(fn, MapFunction) else fn
 
     def process(self, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
-        call = self._call
-        return _rows_to_batch([call(r) for r in batch.to_pylist()])
+        return rows_to_batches(list(map(self._call, batch_to_rows(batch))))
 
 
 class FlatMapOperator(_UserFunctionOperator):
@@ -135,11 +132,12 @@ class FlatMapOperator(_UserFunctionOperator):
     def process(self, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
         call = self._call
         out: list[dict[str, Any]] = []
-        for record in batch.to_pylist():
+        extend = out.extend
+        for record in batch_to_rows(batch):
             produced = call(record)
             if produced is not None:
-                out.extend(produced)
-        return _rows_to_batch(out)
+                extend(produced)
+        return rows_to_batches(out)
 
 
 class FilterOperator(_UserFunctionOperator):
@@ -149,8 +147,7 @@ class FilterOperator(_UserFunctionOperator):
         self._call = fn.filter if isinstance(fn, FilterFunction) else fn
 
     def process(self, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
-        call = self._call
-        mask = pa.array([bool(call(r)) for r in batch.to_pylist()], type=pa.bool_())
+        mask = pa.array(list(map(bool, map(self._call, batch_to_rows(batch)))), type=pa.bool_())
         kept = batch.filter(mask)
         return [kept] if kept.num_rows else []
 
@@ -188,6 +185,21 @@ class _KeyedOperator(_UserFunctionOperator):
         )
         _call_open(self.function, self._runtime_context(self.backend))
 
+    def _rows_and_keys(self, batch: pa.RecordBatch) -> tuple[list[dict[str, Any]], Any]:
+        """The records of ``batch`` and their keys: a list taken up front, or, when the
+        key is a user function, a lazy map that calls it per record in turn with the
+        operator's function."""
+        rows, columns = batch_to_columns(batch)
+        key = self.key.key
+        if isinstance(key, str):
+            names = batch.schema.names
+            if names.count(key) == 1:
+                return rows, columns[names.index(key)]
+            return rows, list(map(itemgetter(key), rows))  # absent (KeyError) or repeated
+        if isinstance(key, tuple):
+            return rows, list(map(self.key.key_of, rows))
+        return rows, map(self.key.key_of, rows)
+
     def snapshot_state(self, checkpoint_id: int) -> Any:
         return self.backend.snapshot()
 
@@ -204,19 +216,34 @@ class KeyedReduceOperator(_KeyedOperator):
         super().open(context)
         fn = self.function
         self._call = fn.reduce if isinstance(fn, ReduceFunction) else fn
+        # A Function was opened with the runtime context and may use keyed state in
+        # reduce(): it needs the current key set per record. A plain callable cannot
+        # reach the state, so its loop skips that.
+        self._sets_key = isinstance(fn, Function)
+        self._tables = self.backend.key_tables(self.STATE)
 
     def process(self, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
-        backend, call, key_of = self.backend, self._call, self.key.key_of
-        out = []
-        for record in batch.to_pylist():
-            key = key_of(record)
-            backend.set_current_key(key)
-            table = backend.table(self.STATE)
+        rows, keys = self._rows_and_keys(batch)
+        if not rows:
+            return []
+        backend, call, name = self.backend, self._call, self.STATE
+        tables, table_of_key = self._tables, backend.table_of_key
+        set_key = backend.set_current_key if self._sets_key else None
+        out: list[dict[str, Any]] = []
+        append = out.append
+        key = None
+        for key, record in zip(keys, rows):
+            if set_key is not None:
+                set_key(key)
+            table = tables.get(key)
+            if table is None:
+                table = table_of_key(key, name)
             previous = table.get(key)
             value = record if previous is None else call(previous, record)
             table[key] = value
-            out.append(value)
-        return _rows_to_batch(out)
+            append(value)
+        backend.set_current_key(key)  # where setting it per record would have left it
+        return rows_to_batches(out)
 
 
 class KeyedProcessOperator(_KeyedOperator):
@@ -227,14 +254,20 @@ class KeyedProcessOperator(_KeyedOperator):
         self._ctx = KeyedProcessFunction.Context(self.backend)
 
     def process(self, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
-        backend, fn, ctx, key_of = self.backend, self.function, self._ctx, self.key.key_of
+        rows, keys = self._rows_and_keys(batch)
+        set_key, process_element, ctx = (
+            self.backend.set_current_key,
+            self.function.process_element,
+            self._ctx,
+        )
         out: list[dict[str, Any]] = []
-        for record in batch.to_pylist():
-            backend.set_current_key(key_of(record))
-            produced = fn.process_element(record, ctx)
+        extend = out.extend
+        for key, record in zip(keys, rows):
+            set_key(key)
+            produced = process_element(record, ctx)
             if produced is not None:
-                out.extend(produced)
-        return _rows_to_batch(out)
+                extend(produced)
+        return rows_to_batches(out)
 
 
 _AGGREGATIONS: dict[str, tuple[str, Callable[[Any, Any], Any]]] = {
