@@ -474,24 +474,20 @@ def _describe(run: Run) -> str:
 
 @contextmanager
 def _holding(path: str | None, progress: Callable[[str], None]) -> Iterator[None]:
+    """Hold the lock file ``path`` (if any) while the block runs; waits for it (a blocking
+    ``flock``, queued like ``flock(1)`` callers rather than polling past them)."""
     if not path:
         yield
         return
     with open(path, "a") as f:
-        waited = time.monotonic()
-        noted = False
-        while True:
-            try:
-                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if not noted and time.monotonic() - waited > 60:
-                    progress(
-                        f"  waiting for {path} (held by another benchmark; if this run is "
-                        "itself wrapped in flock on the same file, drop one of the two)"
-                    )
-                    noted = True
-                time.sleep(0.5)
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            progress(
+                f"  waiting for {path} (held by another benchmark; if this run is itself "
+                "wrapped in flock on the same file, drop one of the two)"
+            )
+            fcntl.flock(f, fcntl.LOCK_EX)
         try:
             yield
         finally:
