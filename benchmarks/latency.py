@@ -21,8 +21,10 @@ For every buffer timeout (``--timeouts``, default 0, 10 and 100 ms) a *round* is
    ``--seconds`` (default 12), latency markers every ``--marker-ms`` (default 50 ms).
    Reported: ``JobResult.latency`` p50 / p99 / max over every marker that reached the
    sink end (a marker's age is taken from right after the source emitted the batch
-   it follows to the moment the sink-end subtask takes it), and the achieved rate
-   (the steady rate of that run, as above).
+   it follows to the moment the sink-end subtask takes it); the same without the
+   markers of the first second (start-up: the *after 1 s* columns, from the sink-end
+   subtasks' samples, which are in arrival order); and the achieved rate (the steady
+   rate of that run, as above).
 
 Rounds run ``--runs`` times (default 3), interleaved over the timeouts (0, 10, 100, 0,
 10, 100, ...), and every figure is the median over the runs. The maximum of a run sizes
@@ -93,6 +95,8 @@ __all__ = [
     "source_rate",
     "rows_for",
     "target_p99_ms",
+    "percentile",
+    "steady_latency",
     "interleaved",
     "summarize",
     "render_table",
@@ -114,6 +118,8 @@ WARM_UP_ROWS = 2_000_000
 #: the first guess of the maximum (rows/s) before anything of a block was measured
 FIRST_GUESS_RATE = 2_000_000.0
 MIN_ROWS = 200_000
+#: markers of the first this many seconds are left out of the *steady* figures
+STEADY_SKIP_S = 1.0
 
 
 # --- what is run and what it gives ---------------------------------------------------------
@@ -144,6 +150,8 @@ class Run:
     batch_rows: int = 0  # rows per source batch in the latency run
     achieved_rate: float = math.nan  # rows/s, steady, latency run
     latency: dict[str, float] = field(default_factory=dict)
+    #: the same figures without the markers of the first STEADY_SKIP_S seconds
+    steady: dict[str, float] = field(default_factory=dict)
     checkpoints: int = 0
     load: float = math.nan  # 1-minute load average when the latency run started
     error: str = ""
@@ -171,6 +179,8 @@ class Summary:
     p99_min_ms: float
     p99_max_ms: float
     max_ms: float
+    steady_p50_ms: float
+    steady_p99_ms: float
     checkpoints: float
     load: float
 
@@ -182,6 +192,11 @@ class Summary:
     def met(self) -> bool | None:
         """Whether the median p99 is within the target (None without a measurement)."""
         return None if math.isnan(self.p99_ms) else self.p99_ms <= self.target_ms
+
+    @property
+    def steady_met(self) -> bool | None:
+        """The same for the steady p99 (the first seconds' markers left out)."""
+        return None if math.isnan(self.steady_p99_ms) else self.steady_p99_ms <= self.target_ms
 
 
 # --- pure arithmetic -------------------------------------------------------------------------
@@ -229,6 +244,43 @@ def target_p99_ms(timeout_ms: float, slack_ms: float = TARGET_SLACK_MS) -> float
     return timeout_ms + slack_ms
 
 
+def percentile(values: Sequence[float], q: float) -> float:
+    """The ``q``-th percentile (0..100), linearly interpolated as ``LatencyTracker`` does;
+    NaN for no values."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * q / 100.0
+    lo = math.floor(rank)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (rank - lo)
+
+
+def steady_latency(
+    summaries: Sequence[dict[str, Any]], markers_per_s: float, skip_s: float = STEADY_SKIP_S
+) -> dict[str, float]:
+    """p50/p99/max (ms) of the markers that reached the sink end after the first ``skip_s``
+    seconds, from each sink-end subtask's latency ``summary()`` (its ``samples_ms`` are in
+    arrival order while it kept every marker). ``markers_per_s`` is how many markers one
+    sink-end subtask gets a second; that many times ``skip_s`` are left out of each. Empty
+    when a subtask's sample is a reservoir (order lost) or nothing is left."""
+    skip = round(markers_per_s * skip_s)
+    kept: list[float] = []
+    for summary in summaries:
+        samples = list(summary.get("samples_ms", ()))
+        if len(samples) < summary.get("count", 0):
+            return {}
+        kept.extend(samples[skip:])
+    if not kept:
+        return {}
+    return {
+        "count": len(kept),
+        "p50_ms": percentile(kept, 50.0),
+        "p99_ms": percentile(kept, 99.0),
+        "max_ms": max(kept),
+    }
+
+
 def interleaved(configs: Sequence[Config], runs: int) -> list[tuple[int, Config]]:
     """``(round, config)`` in the order they run: every config once per round."""
     return [(r, c) for r in range(runs) for c in configs]
@@ -258,6 +310,8 @@ def summarize(config: Config, runs: Sequence[Run]) -> Summary:
         p99_min_ms=min(p99s) if p99s else math.nan,
         p99_max_ms=max(p99s) if p99s else math.nan,
         max_ms=_median([r.latency["max_ms"] for r in good]),
+        steady_p50_ms=_median([r.steady.get("p50_ms", math.nan) for r in good]),
+        steady_p99_ms=_median([r.steady.get("p99_ms", math.nan) for r in good]),
         checkpoints=_median([float(r.checkpoints) for r in good]),
         load=_median([r.load for r in runs]),
     )
@@ -276,8 +330,9 @@ def render_table(summaries: Sequence[Summary]) -> str:
     lines = [
         "| chaining | p | buffer timeout ms | max rows/s (batch rows) | target rows/s "
         "(batch rows) | achieved rows/s | achieved / target | markers | p50 ms "
-        "| p99 ms (min-max) | max ms | p99 target ms | p99 met | runs | load 1 min |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|",
+        "| p99 ms (min-max) | max ms | p99 target ms | p99 met | after 1 s: p50 / p99 ms "
+        "| after 1 s: p99 met | runs | load 1 min |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---|---:|---:|",
     ]
     for s in summaries:
         c = s.config
@@ -286,7 +341,9 @@ def render_table(summaries: Sequence[Summary]) -> str:
             if math.isnan(s.achieved_rate) or math.isnan(s.target_rate)
             else f"{s.achieved_rate / s.target_rate:.2f}"
         )
-        met = {None: "-", True: "yes", False: "**no**"}[s.met]
+        verdict = {None: "-", True: "yes", False: "**no**"}
+        met, steady_met = verdict[s.met], verdict[s.steady_met]
+        steady = f"{_ms(s.steady_p50_ms)} / {_ms(s.steady_p99_ms)}"
         runs = f"{s.runs}" + (f" (+{s.failed} failed)" if s.failed else "")
         p99 = (
             "-"
@@ -298,7 +355,7 @@ def render_table(summaries: Sequence[Summary]) -> str:
             f"| {_rate(s.max_rate)} ({s.max_batch_rows:,}) "
             f"| {_rate(s.target_rate)} ({s.batch_rows:,}) | {_rate(s.achieved_rate)} "
             f"| {ratio} | {s.markers} | {_ms(s.p50_ms)} | {p99} | {_ms(s.max_ms)} "
-            f"| {_ms(s.target_ms)} | {met} | {runs} | "
+            f"| {_ms(s.target_ms)} | {met} | {steady} | {steady_met} | {runs} | "
             f"{'-' if math.isnan(s.load) else f'{s.load:.1f}'} |"
         )
     return "\n".join(lines)
@@ -358,6 +415,7 @@ class _JobOutcome:
     rate: float
     batch_rows: int
     latency: dict[str, float]
+    steady: dict[str, float]
     checkpoints: int
 
 
@@ -367,9 +425,12 @@ def run_job(
     storage: str,
     marker_ms: int,
     rate_per_subtask: float | None = None,
+    batch_rows: int | None = None,
+    configure: Callable[[StreamExecutionEnvironment], Any] | None = None,
 ) -> _JobOutcome:
-    """Run the keyed running sum once; raise when it did not process every record or
-    its workers ran another rayflow than this driver."""
+    """Run the keyed running sum once (source batches of ``batch_rows``, else sized as by
+    default; ``configure`` may change the environment further); raise when it did not
+    process every record or its workers ran another rayflow than this driver."""
     env = StreamExecutionEnvironment()
     env.set_parallelism(config.parallelism)
     env.set_restart_strategy(RestartStrategies.no_restart())  # a restart would skew numbers
@@ -379,7 +440,11 @@ def run_job(
     env.set_latency_tracking_interval(marker_ms)
     if not config.chaining:
         env.disable_operator_chaining()
-    source = NumberSequenceSource(0, records - 1, records_per_second=rate_per_subtask)
+    if configure is not None:
+        configure(env)
+    source = NumberSequenceSource(
+        0, records - 1, batch_size=batch_rows, records_per_second=rate_per_subtask
+    )
     (
         env.from_source(source, "numbers")
         .map_batches(_add_key, "add-key")
@@ -397,10 +462,14 @@ def run_job(
     summed = result.records_in("sum")
     if summed != records:
         raise RuntimeError(f"{summed} records reached the sum, expected {records}")
+    sink_end = [m["latency"] for m in result.metrics if m.get("latency", {}).get("count")]
     return _JobOutcome(
         rate=steady_rate(out["times"], records),
         batch_rows=source.batch_size,
         latency=dict(result.latency),
+        steady=steady_latency(
+            sink_end, config.parallelism * 1000.0 / marker_ms / max(1, len(sink_end))
+        ),
         checkpoints=int(result.checkpoint_summary.get("counts", {}).get("COMPLETED", 0)),
     )
 
@@ -454,6 +523,7 @@ def measure(
     run.batch_rows = outcome.batch_rows
     run.achieved_rate = outcome.rate
     run.latency = outcome.latency
+    run.steady = outcome.steady
     run.checkpoints = outcome.checkpoints
     return run
 
@@ -467,7 +537,9 @@ def _describe(run: Run) -> str:
         f"target {_rate(run.target_rate)} ({run.batch_rows:,}-row batches), achieved "
         f"{_rate(run.achieved_rate)}; {lat.get('count', 0)} markers p50 "
         f"{lat.get('p50_ms', math.nan):.1f} p99 {lat.get('p99_ms', math.nan):.1f} "
-        f"max {lat.get('max_ms', math.nan):.1f} ms; {run.checkpoints} checkpoints; "
+        f"max {lat.get('max_ms', math.nan):.1f} ms (after 1 s: p50 "
+        f"{run.steady.get('p50_ms', math.nan):.1f} p99 {run.steady.get('p99_ms', math.nan):.1f}"
+        f"); {run.checkpoints} checkpoints; "
         f"load {run.load:.1f}"
     )
 
@@ -531,8 +603,9 @@ EXACTLY_ONCE checkpoints every 1 s. Per buffer timeout, each run first measures 
 maximum throughput (unthrottled; rows over the middle 80% of batch arrivals at the sink),
 then runs the job for a fixed time with the source limited to half of it
 (`records_per_second`, per source subtask) and latency markers every few tens of ms;
-p50/p99/max are `JobResult.latency` over every marker that reached the sink end. Runs are
-interleaved over the timeouts; medians of the runs (p99's range in brackets). A
+p50/p99/max are `JobResult.latency` over every marker that reached the sink end; *after 1 s*
+the same without the markers of the first second (start-up). Runs are interleaved over the
+timeouts; medians of the runs (p99's range in brackets). A
 rate-limited source cuts batches of 10 ms worth of records, the unthrottled one of 1 MiB:
 *batch rows* shows both. *Chaining on* is two subtasks per parallel instance (one Ray hop,
 the keyed exchange), *off* four (a Ray hop between every two operators). Target read off

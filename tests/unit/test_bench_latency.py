@@ -26,6 +26,20 @@ def _latency(p50: float, p99: float, mx: float, count: int = 200) -> dict[str, f
     return {"count": count, "p50_ms": p50, "p90_ms": p99, "p99_ms": p99, "max_ms": mx}
 
 
+def _run(bench, config, rates=(1e6, 5e5, 5e5), batches=(131_072, 5_000), latency=None, **kw):
+    max_rate, target, achieved = rates
+    return bench.Run(
+        config,
+        max_rate=max_rate,
+        max_batch_rows=batches[0],
+        target_rate=target,
+        batch_rows=batches[1],
+        achieved_rate=achieved,
+        latency=latency or {},
+        **kw,
+    )
+
+
 def test_steady_rate_uses_the_middle_of_the_arrivals(bench):
     # 100 batches, one every 10 ms: 100 rows per batch -> 10,000 rows/s whatever the ends.
     times = [i * 0.01 for i in range(100)]
@@ -72,6 +86,36 @@ def test_target_is_the_timeout_plus_the_slack(bench):
     assert bench.target_p99_ms(100, slack_ms=5) == 105.0
 
 
+def test_percentile_interpolates_as_the_latency_tracker(bench):
+    from rayflow.runtime.latency import LatencyTracker
+
+    values = [7.0, 1.0, 3.0, 9.0, 4.0, 12.5, 2.0]
+    tracker = LatencyTracker()
+    for v in values:
+        tracker.record_ms(v)
+    for q in (0, 50, 90, 99, 100):
+        assert bench.percentile(values, q) == pytest.approx(tracker.percentile(q))
+    assert math.isnan(bench.percentile([], 50))
+
+
+def test_steady_latency_leaves_out_the_first_second_of_each_sink_subtask(bench):
+    # 20 markers a second per sink-end subtask: the first 20 of each are start-up.
+    first = {"count": 25, "samples_ms": [500.0] * 20 + [1.0, 2.0, 3.0, 4.0, 5.0]}
+    second = {"count": 22, "samples_ms": [400.0] * 20 + [6.0, 7.0]}
+    steady = bench.steady_latency([first, second], markers_per_s=20.0)
+    assert steady["count"] == 7
+    assert steady["max_ms"] == 7.0
+    assert steady["p50_ms"] == pytest.approx(4.0)
+    assert steady["p99_ms"] == pytest.approx(bench.percentile([1, 2, 3, 4, 5, 6, 7], 99))
+    # Half a second left out: 10 of each.
+    assert bench.steady_latency([first], 20.0, skip_s=0.5)["max_ms"] == 500.0
+    # A sample that is a reservoir (fewer kept than recorded) has no order: no figures.
+    reservoir = {"count": 5000, "samples_ms": [1.0] * 2000}
+    assert bench.steady_latency([first, reservoir], 20.0) == {}
+    # Nothing after the first second.
+    assert bench.steady_latency([{"count": 3, "samples_ms": [1.0, 2.0, 3.0]}], 20.0) == {}
+
+
 def test_runs_interleave_over_the_timeouts(bench):
     configs = [bench.Config(t, True, 1) for t in (0, 10, 100)]
     order = bench.interleaved(configs, 2)
@@ -89,11 +133,37 @@ def test_runs_interleave_over_the_timeouts(bench):
 def test_summarize_takes_medians_of_the_good_runs(bench):
     config = bench.Config(10, False, 1)
     runs = [
-        bench.Run(config, 1e6, 131_072, 5e5, 5_000, 4.9e5, _latency(20, 40, 80), 10, 3.0),
-        bench.Run(config, 3e6, 131_072, 1.5e6, 15_000, 1.4e6, _latency(30, 90, 95), 12, 5.0),
-        bench.Run(config, 2e6, 131_072, 1e6, 10_000, 0.9e6, _latency(10, 50, 60), 11, 4.0),
+        _run(
+            bench,
+            config,
+            (1e6, 5e5, 4.9e5),
+            (131_072, 5_000),
+            _latency(20, 40, 80),
+            steady=_latency(15, 30, 35),
+            checkpoints=10,
+            load=3.0,
+        ),
+        _run(
+            bench,
+            config,
+            (3e6, 1.5e6, 1.4e6),
+            (131_072, 15_000),
+            _latency(30, 90, 95),
+            steady=_latency(25, 70, 75),
+            checkpoints=12,
+            load=5.0,
+        ),
+        _run(
+            bench,
+            config,
+            (2e6, 1e6, 0.9e6),
+            (131_072, 10_000),
+            _latency(10, 50, 60),
+            checkpoints=11,  # no steady figures (reservoir): left out of their median
+            load=4.0,
+        ),
         bench.Run(config, error="RuntimeError: boom", load=9.0),
-        bench.Run(config, 2e6, latency={"count": 0}),  # no marker arrived: not a result
+        bench.Run(config, max_rate=2e6, latency={"count": 0}),  # no marker: not a result
     ]
     s = bench.summarize(config, runs)
     assert (s.runs, s.failed) == (3, 2)
@@ -107,8 +177,10 @@ def test_summarize_takes_medians_of_the_good_runs(bench):
     assert s.markers == 200
     assert s.checkpoints == 11
     assert s.load == 4.5  # over every run, failed ones too
+    assert (s.steady_p50_ms, s.steady_p99_ms) == (20, 50)
     assert s.target_ms == 60.0
     assert s.met is True
+    assert s.steady_met is True
 
 
 def test_summarize_without_a_good_run(bench):
@@ -117,26 +189,34 @@ def test_summarize_without_a_good_run(bench):
     assert (s.runs, s.failed) == (0, 1)
     assert math.isnan(s.p99_ms) and s.met is None
     row = bench.render_table([s]).splitlines()[2]
-    assert row.startswith("| on | 2 | 0 | - (0) | - (0) | - | - | 0 | - | - | - | 50 | - |")
+    assert row.startswith(
+        "| on | 2 | 0 | - (0) | - (0) | - | - | 0 | - | - | - | 50 | - | - / - | - |"
+    )
     assert "| 0 (+1 failed) |" in row
 
 
 def test_met_compares_the_median_p99_with_the_target(bench):
     config = bench.Config(0, True, 1)
-    over = bench.Run(config, 1e6, 1, 5e5, 1, 5e5, _latency(5, 50.5, 60))
-    at = bench.Run(config, 1e6, 1, 5e5, 1, 5e5, _latency(5, 50.0, 60))
+    over = _run(bench, config, latency=_latency(5, 50.5, 60), steady=_latency(5, 49.0, 50))
+    at = _run(bench, config, latency=_latency(5, 50.0, 60))
     assert bench.summarize(config, [over]).met is False
+    assert bench.summarize(config, [over]).steady_met is True
     assert bench.summarize(config, [at]).met is True
+    assert bench.summarize(config, [at]).steady_met is None
 
 
 def test_table_has_a_row_per_config(bench):
+    on, off = bench.Config(0, True, 1), bench.Config(100, False, 2)
     runs = {
-        bench.Config(0, True, 1): bench.Run(
-            bench.Config(0, True, 1), 2.5e6, 131_072, 1.25e6, 12_500, 1.2e6, _latency(4, 30, 41)
+        on: _run(
+            bench,
+            on,
+            (2.5e6, 1.25e6, 1.2e6),
+            (131_072, 12_500),
+            _latency(4, 30, 41),
+            steady=_latency(3, 20, 30),
         ),
-        bench.Config(100, False, 2): bench.Run(
-            bench.Config(100, False, 2), 8e5, 131_072, 4e5, 2_000, 2e5, _latency(90, 400, 512)
-        ),
+        off: _run(bench, off, (8e5, 4e5, 2e5), (131_072, 2_000), _latency(90, 400, 512)),
     }
     table = bench.render_table([bench.summarize(c, [r]) for c, r in runs.items()])
     lines = table.splitlines()
@@ -144,10 +224,10 @@ def test_table_has_a_row_per_config(bench):
     assert all(line.count("|") == lines[0].count("|") for line in lines)
     assert (
         "| on | 1 | 0 | 2.50M (131,072) | 1.25M (12,500) | 1.20M | 0.96 | 200 | 4 "
-        "| 30 (30-30) | 41 | 50 | yes | 1 |" in lines[2]
+        "| 30 (30-30) | 41 | 50 | yes | 3 / 20 | yes | 1 |" in lines[2]
     )
     assert "| off | 2 | 100 | 800k (131,072) | 400k (2,000) | 200k | 0.50 |" in lines[3]
-    assert "| 400 (400-400) | 512 | 150 | **no** | 1 |" in lines[3]
+    assert "| 400 (400-400) | 512 | 150 | **no** | - / - | - | 1 |" in lines[3]
 
 
 def test_upsert_section_adds_then_replaces_only_its_section(bench):
@@ -185,3 +265,61 @@ def test_arguments_and_blocks(bench):
     for bad in (["--runs", "0"], ["--timeouts", "-1"], ["--parallelism", "0"], ["--seconds", "0"]):
         with pytest.raises(SystemExit):
             bench.parse_args(bad)
+
+
+@pytest.fixture(scope="module")
+def trace(bench):
+    saved = list(sys.path)
+    try:
+        sys.path.insert(0, str(BENCHMARKS))
+        spec = importlib.util.spec_from_file_location(
+            "bench_latency_trace", BENCHMARKS / "latency_trace.py"
+        )
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    finally:
+        sys.path[:] = saved
+
+
+def _hop(marker: float, write: float, push: float, admit: float, take: float) -> list[dict]:
+    return [
+        {"ev": "write", "m": marker, "t": write, "pid": 1},
+        {"ev": "push", "m": marker, "t": push, "pid": 1},
+        {"ev": "admit", "m": marker, "t": admit, "pid": 2},
+        {"ev": "take", "m": marker, "t": take, "pid": 2},
+    ]
+
+
+def test_stage_times_sum_each_stage_over_the_hops(trace):
+    # Two hops: created at 10.0; buffered 5 ms, 1 ms in flight, 2 ms queued; the next
+    # subtask forwards it 1 ms after taking it, then 20 + 3 + 4 ms.
+    notes = _hop(10.0, 10.000, 10.005, 10.006, 10.008) + _hop(10.0, 10.009, 10.029, 10.032, 10.036)
+    notes.append({"ev": "msg", "t": 10.005, "kind": "bundle", "items": 2, "bytes": 9, "pid": 1})
+    stages = trace.stage_times(list(reversed(notes)))  # order of the notes does not matter
+    s = stages[10.0]
+    assert s["hops"] == 2
+    assert s["buffer"] == pytest.approx(0.025)
+    assert s["flight"] == pytest.approx(0.004)
+    assert s["queue"] == pytest.approx(0.006)
+    assert s["operator"] == pytest.approx(0.001)
+    assert s["total"] == pytest.approx(0.036)
+    # ... and per hop: into the first receiver, then into the second.
+    assert s["buffer@1"] == pytest.approx(0.005)
+    assert s["flight@1"] == pytest.approx(0.001)
+    assert s["queue@1"] == pytest.approx(0.002)
+    assert s["operator@0"] == pytest.approx(0.0)
+    assert s["operator@1"] == pytest.approx(0.001)
+    assert s["buffer@2"] == pytest.approx(0.020)
+    assert s["flight@2"] == pytest.approx(0.003)
+    assert s["queue@2"] == pytest.approx(0.004)
+
+
+def test_stage_times_leave_out_markers_that_did_not_arrive(trace):
+    arrived = _hop(1.0, 1.0, 1.01, 1.02, 1.03)
+    lost = _hop(2.0, 2.0, 2.01, 2.02, 2.03)[:2]  # pushed, never admitted
+    assert list(trace.stage_times(arrived + lost)) == [1.0]
+    report = trace.report(arrived + lost, target_ms=5.0, source_started=1.0)
+    assert "markers traced end to end: 1" in report
+    assert "markers above the target (5 ms): 1 of 1" in report
+    assert trace.report([], 5.0, None) == "no complete marker trace"
