@@ -189,6 +189,16 @@ class Summary:
         return target_p99_ms(self.config.timeout_ms)
 
     @property
+    def batches_per_s(self) -> tuple[float, float]:
+        """Batches a second of one source subtask in the unthrottled run and in the latency
+        run (at timeout 0 each is a Ray call on every hop)."""
+        p = self.config.parallelism
+        return (
+            self.max_rate / (p * self.max_batch_rows) if self.max_batch_rows else math.nan,
+            self.target_rate / (p * self.batch_rows) if self.batch_rows else math.nan,
+        )
+
+    @property
     def met(self) -> bool | None:
         """Whether the median p99 is within the target (None without a measurement)."""
         return None if math.isnan(self.p99_ms) else self.p99_ms <= self.target_ms
@@ -329,10 +339,11 @@ def render_table(summaries: Sequence[Summary]) -> str:
     """The markdown table of ``summaries`` (one row each, in order)."""
     lines = [
         "| chaining | p | buffer timeout ms | max rows/s (batch rows) | target rows/s "
-        "(batch rows) | achieved rows/s | achieved / target | markers | p50 ms "
+        "(batch rows) | source batches/s: max / target | achieved rows/s | achieved / target "
+        "| markers | p50 ms "
         "| p99 ms (min-max) | max ms | p99 target ms | p99 met | after 1 s: p50 / p99 ms "
         "| after 1 s: p99 met | runs | load 1 min |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---|---:|---:|",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---|---:|---:|",
     ]
     for s in summaries:
         c = s.config
@@ -353,7 +364,8 @@ def render_table(summaries: Sequence[Summary]) -> str:
         lines.append(
             f"| {'on' if c.chaining else 'off'} | {c.parallelism} | {c.timeout_ms} "
             f"| {_rate(s.max_rate)} ({s.max_batch_rows:,}) "
-            f"| {_rate(s.target_rate)} ({s.batch_rows:,}) | {_rate(s.achieved_rate)} "
+            f"| {_rate(s.target_rate)} ({s.batch_rows:,}) "
+            f"| {_ms(s.batches_per_s[0])} / {_ms(s.batches_per_s[1])} | {_rate(s.achieved_rate)} "
             f"| {ratio} | {s.markers} | {_ms(s.p50_ms)} | {p99} | {_ms(s.max_ms)} "
             f"| {_ms(s.target_ms)} | {met} | {steady} | {steady_met} | {runs} | "
             f"{'-' if math.isnan(s.load) else f'{s.load:.1f}'} |"
@@ -605,11 +617,12 @@ then runs the job for a fixed time with the source limited to half of it
 (`records_per_second`, per source subtask) and latency markers every few tens of ms;
 p50/p99/max are `JobResult.latency` over every marker that reached the sink end; *after 1 s*
 the same without the markers of the first second (start-up). Runs are interleaved over the
-timeouts; medians of the runs (p99's range in brackets). A
-rate-limited source cuts batches of 10 ms worth of records, the unthrottled one of 1 MiB:
-*batch rows* shows both. *Chaining on* is two subtasks per parallel instance (one Ray hop,
-the keyed exchange), *off* four (a Ray hop between every two operators). Target read off
-the table: p99 <= buffer timeout + 50 ms."""
+timeouts; medians of the runs (p99's range in brackets). A rate-limited source cuts batches
+of 10 ms worth of records, the unthrottled one of 1 MiB: *batch rows* shows both, *source
+batches/s* how many batches a second one source subtask sends in each (at timeout 0 every
+batch is a Ray call on every hop). *Chaining on* is two subtasks per parallel instance
+(one Ray hop, the keyed exchange), *off* four (a Ray hop between every two operators).
+Target read off the table: p99 <= buffer timeout + 50 ms."""
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:

@@ -190,7 +190,7 @@ def test_summarize_without_a_good_run(bench):
     assert math.isnan(s.p99_ms) and s.met is None
     row = bench.render_table([s]).splitlines()[2]
     assert row.startswith(
-        "| on | 2 | 0 | - (0) | - (0) | - | - | 0 | - | - | - | 50 | - | - / - | - |"
+        "| on | 2 | 0 | - (0) | - (0) | - / - | - | - | 0 | - | - | - | 50 | - | - / - | - |"
     )
     assert "| 0 (+1 failed) |" in row
 
@@ -223,10 +223,10 @@ def test_table_has_a_row_per_config(bench):
     assert len(lines) == 4
     assert all(line.count("|") == lines[0].count("|") for line in lines)
     assert (
-        "| on | 1 | 0 | 2.50M (131,072) | 1.25M (12,500) | 1.20M | 0.96 | 200 | 4 "
+        "| on | 1 | 0 | 2.50M (131,072) | 1.25M (12,500) | 19 / 100 | 1.20M | 0.96 | 200 | 4 "
         "| 30 (30-30) | 41 | 50 | yes | 3 / 20 | yes | 1 |" in lines[2]
     )
-    assert "| off | 2 | 100 | 800k (131,072) | 400k (2,000) | 200k | 0.50 |" in lines[3]
+    assert "| off | 2 | 100 | 800k (131,072) | 400k (2,000) | 3 / 100 | 200k | 0.50 |" in lines[3]
     assert "| 400 (400-400) | 512 | 150 | **no** | - / - | - | 1 |" in lines[3]
 
 
