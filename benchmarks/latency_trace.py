@@ -2,10 +2,10 @@
 every marker traced through the output channels and input gates of every subtask.
 
 A diagnostic, not a benchmark: it runs the keyed running sum of
-``benchmarks/latency.py`` once unthrottled (its maximum sizes the load) and once at
-``--fraction`` of that maximum, in its own local Ray whose worker processes wrap (at
-start-up, through ``worker_process_setup_hook``) a few methods of the runtime to note,
-per marker, the time it was
+``benchmarks/latency.py`` once unthrottled (its maximum sizes the load; ``--rate`` skips
+it) and once at ``--fraction`` of that maximum, in its own local Ray whose worker
+processes wrap (at start-up, through ``worker_process_setup_hook``) a few methods of the
+runtime to note, per marker, the time it was
 
 * ``write``: written into an output channel (the subtask took it; at the source, right
   after the batch it follows was emitted),
@@ -13,19 +13,21 @@ per marker, the time it was
 * ``admit``: admitted into the receiver's input buffer (the Ray call arrived and found room),
 * ``take``: taken by the receiving subtask's mailbox loop,
 
-and, for every message pushed, its kind, items and bytes, and every checkpoint barrier
-sent. Nothing of the runtime is changed; the wrappers only note times (a list per
-process, written out when the run ends).
+and, for every message pushed, its kind, items and bytes; every checkpoint barrier sent;
+garbage collector pauses; and each process's CPU time. Nothing of the runtime is changed;
+the wrappers only note times (a list per process, written out as it reports its metrics).
 
 Per marker the stages between two hops are summed over the job: *buffer* (write ->
 push), *flight* (push -> admit: the Ray call and waiting for buffer room at the
 receiver) and *queue* (admit -> take: behind earlier messages in the receiver's
-buffer). Printed: p50/p99/max of each stage and of the total, the stage that dominates
-the markers above the target (buffer timeout + 50 ms), and how close those markers are
-to a checkpoint barrier.
+buffer), and *operator* (take -> write on the next hop). Printed: p50/p99/max of each
+stage and of the total, the same per hop, the stage that dominates the markers above the
+target (buffer timeout + 50 ms), how close those are to a checkpoint barrier, the
+slowest ones hop by hop, and per sending subtask its messages and CPU use.
 
-    python benchmarks/latency_trace.py --timeout-ms 0 --chaining off [--fraction 0.5] \
-        [--seconds 10] [--marker-ms 50] [--batch-rows N]
+    python benchmarks/latency_trace.py --timeout-ms 0 --chaining off [--parallelism P] \
+        [--fraction 0.5 | --rate ROWS_PER_S] [--seconds 10] [--marker-ms 50] \
+        [--batch-rows N] [--unthrottled] [--channel-mib MIB]
 
 Run it under the benchmark lock (``flock /tmp/bench.lock python ...``).
 """
