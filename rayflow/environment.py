@@ -580,11 +580,17 @@ class StreamExecutionEnvironment:
         return self
 
     def set_buffer_timeout(self, timeout_ms: int) -> StreamExecutionEnvironment:
-        """The longest time a batch written by an operator waits in its output channel
-        before it is sent (Flink's ``execution.buffer-timeout``, 100 ms by default).
-        Batches written within the timeout go together as one message, at the latest
-        once they reach the output buffer size; a barrier or the end of input sends them
-        first. 0 sends every batch at once (lowest latency, one call per batch)."""
+        """The longest time data waits in output channels before it is sent (Flink's
+        ``execution.buffer-timeout``, 100 ms by default). Batches written within the
+        timeout go together as one message, at the latest once they reach the output
+        buffer size; a barrier or the end of input sends them first. 0 sends every batch
+        at once (lowest latency, one call per batch).
+
+        Unlike Flink, where the timeout holds at every network hop, it is counted from
+        when the source read the data, over the data's whole path: a channel sends at
+        the latest ``timeout_ms`` after the origin of the oldest data it holds (and never
+        holds it longer than ``timeout_ms`` itself), so n unchained hops do not add up
+        to n timeouts."""
         if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, int) or timeout_ms < 0:
             raise ValueError(
                 "set_buffer_timeout: timeout_ms must be an int >= 0 (0 sends every batch at "

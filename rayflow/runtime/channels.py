@@ -335,6 +335,7 @@ class OutputChannel:
         self.max_in_flight = 0
         self._buffer: list[Any] = []
         self._buffer_bytes = 0
+        self._buffer_origin = 0.0
         #: messages that carried more than one item, and messages that carried batches
         self.bundles = 0
         self.data_messages = 0
@@ -380,19 +381,21 @@ class OutputChannel:
             await self._acknowledged()
         self._push(message, items, size)
 
-    def _take_buffer(self) -> Any:
+    def _take_buffer(self) -> Bundle:
         buffer = self._buffer
         self._buffer = []
         self._buffer_bytes = 0
-        if len(buffer) == 1:
-            return buffer[0]
-        self.bundles += 1
-        return Bundle(tuple(buffer))
+        if len(buffer) > 1:
+            self.bundles += 1
+        # Always a bundle, one item or more: it carries the origin of its oldest item.
+        return Bundle(tuple(buffer), self._buffer_origin)
 
-    async def write(self, item: Any) -> bool:
+    async def write(self, item: Any, origin: float = 0.0) -> bool:
         """Buffer a batch or latency marker (or send it at once without ``buffer_bytes``).
-        Returns True when the buffer was empty and now holds ``item`` (the owner starts its
-        buffer timeout)."""
+        ``origin`` is when the data ``item`` comes from entered the job (see
+        :class:`Bundle`). Returns True when the buffer's oldest origin is now ``origin``:
+        the buffer was empty, or ``item`` is older than what it held (the owner arms its
+        buffer timeout for ``origin``)."""
         if not self.buffer_bytes:
             await self._send(item)
             return False
@@ -401,13 +404,15 @@ class OutputChannel:
         if self._buffer and self._buffer_bytes + size > limit:
             # would make the bundle bigger than a channel holds: send what is there first
             await self._send(self._take_buffer())
-        started = not self._buffer
+        oldest = not self._buffer or origin < self._buffer_origin
+        if oldest:
+            self._buffer_origin = origin
         self._buffer.append(item)
         self._buffer_bytes += size
         if self._buffer_bytes >= limit or len(self._buffer) >= self.current_window:
             await self._send(self._take_buffer())
             return False
-        return started
+        return oldest
 
     async def send_buffered(self) -> None:
         """Send what is buffered, as one message, once the window has room."""

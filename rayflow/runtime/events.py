@@ -36,9 +36,15 @@ class LatencyMarker:
 @dataclass(frozen=True, slots=True)
 class Bundle:
     """Several batches and latency markers, in channel order, sent as one message (an
-    output channel's buffer); the batches are kept as they were written."""
+    output channel's buffer); the batches are kept as they were written.
+
+    ``origin`` is the wall time (``time.time()``) at which the oldest of its items entered
+    the job: when a source read the data it came from. A receiver's outputs inherit it, so
+    that the buffer timeout bounds a record's wait in output buffers over its whole path,
+    not once per hop; 0.0 when unknown (the receiver takes its arrival)."""
 
     items: tuple[Any, ...]
+    origin: float = 0.0
 
 
 def unbundled(message: Any) -> tuple[Any, ...]:

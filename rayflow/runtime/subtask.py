@@ -165,8 +165,9 @@ class _UnalignedSnapshot:
 
 
 class _RecordWriter:
-    """The output channels of one out-edge and its partitioner. ``on_buffered`` is called
-    whenever a channel starts buffering (the subtask starts its buffer timeout)."""
+    """The output channels of one out-edge and its partitioner. ``on_buffered(origin)`` is
+    called whenever a channel's oldest buffered data is now from ``origin`` (the subtask
+    arms its buffer timeout for it)."""
 
     def __init__(
         self,
@@ -189,21 +190,21 @@ class _RecordWriter:
         self._next_marker_channel = 0
         self._on_buffered = on_buffered
 
-    async def emit(self, batch: pa.RecordBatch) -> int:
+    async def emit(self, batch: pa.RecordBatch, origin: float) -> int:
         rows = 0
         for target, part in self.partitioner.route(batch):
-            if await self.channels[target].write(part):
-                self._on_buffered()
+            if await self.channels[target].write(part, origin):
+                self._on_buffered(origin)
             rows += part.num_rows
         return rows
 
-    async def send_marker(self, marker: LatencyMarker) -> None:
+    async def send_marker(self, marker: LatencyMarker, origin: float) -> None:
         """Write ``marker`` on one channel, the next one each time: it goes with the data
         buffered there, so it measures the buffer timeout as well."""
         channel = self.channels[self._next_marker_channel]
         self._next_marker_channel = (self._next_marker_channel + 1) % len(self.channels)
-        if await channel.write(marker):
-            self._on_buffered()
+        if await channel.write(marker, origin):
+            self._on_buffered(origin)
 
     async def send_buffered(self) -> None:
         for channel in self.channels:
@@ -271,7 +272,10 @@ class SubtaskActor:
             )
             for o in deployment.outputs
         ]
-        self._buffer_timeout_armed = False
+        #: when the armed buffer timeout fires (wall time), None when none is armed
+        self._buffer_deadline: float | None = None
+        #: the origin (see ``Bundle``) of the data being processed; 0.0: now
+        self._origin = 0.0
         self.fence = AttemptFence(deployment.run_id, self.attempt)
         self.operators: list[Operator] = [spec.factory() for spec in vertex.operators]
         self.barriers = self._barrier_handler(deployment)
@@ -697,12 +701,16 @@ class SubtaskActor:
                 # here from another thread, and pushes wait to be admitted.
                 await asyncio.sleep(0)
             elif isinstance(message, Bundle):
-                for item in message.items:
-                    if isinstance(item, pa.RecordBatch):
-                        self._count_in(item)
-                        await self._process(item)
-                    else:
-                        await self._on_latency_marker(item)
+                self._origin = message.origin
+                try:
+                    for item in message.items:
+                        if isinstance(item, pa.RecordBatch):
+                            self._count_in(item)
+                            await self._process(item)
+                        else:
+                            await self._on_latency_marker(item)
+                finally:
+                    self._origin = 0.0
                 self.metrics_["bundles_in"] += 1
                 await asyncio.sleep(0)
             elif isinstance(message, LatencyMarker):
@@ -724,8 +732,9 @@ class SubtaskActor:
     async def _on_latency_marker(self, marker: LatencyMarker) -> None:
         """Forward ``marker`` past the operators, or record its age at the sink end."""
         if self.writers:
+            origin = self._origin or time.time()
             for writer in self.writers:
-                await writer.send_marker(marker)
+                await writer.send_marker(marker, origin)
         else:
             self.latency.record_ms((time.time() - marker.created_at) * 1000.0)
 
@@ -749,7 +758,7 @@ class SubtaskActor:
                 self.barriers.on_announcement(item.channel, item.barrier, item.position)
             )
         elif isinstance(item, _BufferTimeout):
-            self._buffer_timeout_armed = False
+            self._buffer_deadline = None
             for writer in self.writers:
                 await writer.send_buffered()
         elif isinstance(item, _AlignmentTimer):
@@ -791,11 +800,12 @@ class SubtaskActor:
         await self._emit(batches)
 
     async def _emit(self, batches: list[pa.RecordBatch]) -> None:
+        origin = self._origin or time.time()
         for b in batches:
             if b.num_rows == 0:
                 continue
             for writer in self.writers:
-                self.metrics_["records_out"] += await writer.emit(b)
+                self.metrics_["records_out"] += await writer.emit(b, origin)
             self.metrics_["batches_out"] += 1
 
     async def _end_of_input(self) -> None:
@@ -888,18 +898,26 @@ class SubtaskActor:
         if self.d.master is not None:
             self.d.master.decline_checkpoint.remote(self.attempt, checkpoint_id, self.key, why)
 
-    def _start_buffer_timeout(self) -> None:
-        """Output data started to wait in a channel: send it at the latest after the
-        buffer timeout (one timer for all channels, like Flink's output flusher)."""
-        if self._buffer_timeout_armed:
+    def _start_buffer_timeout(self, origin: float) -> None:
+        """Output data from ``origin`` (see ``Bundle``) waits in a channel: send what the
+        channels hold once the buffer timeout has passed since ``origin`` (one timer for
+        all channels, like Flink's output flusher). Counting from the origin rather than
+        from now bounds a record's wait in buffers over its whole path through the job,
+        Ray calls and queues included; the timer is kept within ``[now, now + timeout]``
+        so that a clock apart on another node neither holds data longer than one timeout
+        nor sends it later than at once."""
+        now = time.time()
+        timeout = self.d.buffer_timeout_s
+        deadline = min(max(origin + timeout, now), now + timeout)
+        if self._buffer_deadline is not None and self._buffer_deadline <= deadline:
             return
-        self._buffer_timeout_armed = True
+        self._buffer_deadline = deadline
         gate = self.gate
 
         def fire() -> None:
             asyncio.ensure_future(gate.put_control(_BufferTimeout()))
 
-        asyncio.get_running_loop().call_later(self.d.buffer_timeout_s, fire)
+        asyncio.get_running_loop().call_later(deadline - now, fire)
 
     def _schedule_alignment_timer(self, checkpoint_id: int, delay_s: float) -> None:
         gate = self.gate

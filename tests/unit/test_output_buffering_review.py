@@ -299,11 +299,11 @@ def test_a_buffer_timeout_of_the_previous_attempt_sends_nothing_in_the_next():
         sub = cls(d0)
         sub._loop = asyncio.get_running_loop()
         await sub._emit([pa.record_batch([pa.array([1, 2])], ["value"])])
-        assert sub._buffer_timeout_armed and sub.writers[0].channels[0].buffered
+        assert sub._buffer_deadline and sub.writers[0].channels[0].buffered
         await sub._become(d1)
         await asyncio.sleep(0.2)  # attempt 0's timer has fired
         stray = [c for c in sub.gate._control if isinstance(c, _BufferTimeout)]
-        assert not stray and not sub._buffer_timeout_armed
+        assert not stray and not sub._buffer_deadline
         assert old.messages == [] and new.messages == []
         await sub._emit([pa.record_batch([pa.array([3])], ["value"])])
         await asyncio.sleep(0.2)
