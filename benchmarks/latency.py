@@ -50,19 +50,16 @@ Benchmarks are never timed assertions.
 from __future__ import annotations
 
 import argparse
-import fcntl
 import math
 import os
 import platform
 import shlex
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -75,6 +72,11 @@ HERE = Path(__file__).resolve().parent
 # This checkout's rayflow unless PYTHONPATH names another (appended: PYTHONPATH wins).
 if str(HERE.parent) not in sys.path:
     sys.path.append(str(HERE.parent))
+
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
+
+from bench_runner import holding, load1, load_text, rayflow_revision, start_ray  # noqa: E402
 
 import rayflow  # noqa: E402
 from rayflow import (  # noqa: E402
@@ -486,20 +488,6 @@ def run_job(
     )
 
 
-def _load1() -> float:
-    try:
-        return os.getloadavg()[0]
-    except OSError:
-        return math.nan
-
-
-def _load_text() -> str:
-    try:
-        return "/".join(f"{x:.2f}" for x in os.getloadavg())
-    except OSError:
-        return "n/a"
-
-
 def _one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
 
@@ -521,7 +509,7 @@ def measure(
         run.max_rate, run.max_batch_rows = peak.rate, peak.batch_rows
         per_subtask = source_rate(peak.rate, config.parallelism)
         run.target_rate = per_subtask * config.parallelism
-        run.load = _load1()
+        run.load = load1()
         outcome = run_job(
             config,
             rows_for(run.target_rate, args.seconds),
@@ -554,58 +542,6 @@ def _describe(run: Run) -> str:
         f"); {run.checkpoints} checkpoints; "
         f"load {run.load:.1f}"
     )
-
-
-@contextmanager
-def _holding(path: str | None, progress: Callable[[str], None]) -> Iterator[None]:
-    """Hold the lock file ``path`` (if any) while the block runs; waits for it (a blocking
-    ``flock``, queued like ``flock(1)`` callers rather than polling past them)."""
-    if not path:
-        yield
-        return
-    with open(path, "a") as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            progress(
-                f"  waiting for {path} (held by another benchmark; if this run is itself "
-                "wrapped in flock on the same file, drop one of the two)"
-            )
-            fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
-def _revision() -> str:
-    where = Path(rayflow.__file__).resolve().parent
-
-    def git(*a: str) -> str:
-        try:
-            done = subprocess.run(
-                ["git", "-C", str(where), *a], capture_output=True, text=True, timeout=30
-            )
-            return done.stdout.strip()
-        except (OSError, subprocess.SubprocessError):
-            return ""
-
-    commit = git("rev-parse", "--short", "HEAD") or "unknown commit"
-    dirty = " +uncommitted changes" if git("status", "--porcelain", "--", ".") else ""
-    return f"{commit}{dirty}"
-
-
-def _start_ray(attempts: int = 2) -> None:
-    """``ray.init`` on a fresh local Ray, once more if a loaded machine made it time out."""
-    for attempt in range(attempts):
-        try:
-            ray.init(address="local", include_dashboard=False, logging_level="WARNING")
-            return
-        except Exception:
-            if attempt + 1 == attempts:
-                raise
-            ray.shutdown()
-            time.sleep(5)
 
 
 INTRO = """\
@@ -695,9 +631,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     machine = (
         f"{os.cpu_count()} CPUs (nproc {len(os.sched_getaffinity(0))}), Python "
         f"{platform.python_version()}, Ray {ray.__version__}, pyarrow {pa.__version__}, "
-        f"rayflow {_revision()}"
+        f"rayflow {rayflow_revision(Path(rayflow.__file__).resolve().parent, short=True)}"
     )
-    load_start = _load_text()
+    load_start = load_text()
     progress(f"command: {command}")
     progress(f"machine: {machine}")
     progress(f"load average at start (1/5/15 min): {load_start}")
@@ -705,7 +641,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Ray puts the driver's working directory first on its workers' sys.path: work from
     # the directory holding the rayflow this driver imported, so that workers import it.
     os.chdir(Path(rayflow.__file__).resolve().parents[1])
-    _start_ray()
+    start_ray()
     storage = tempfile.mkdtemp(prefix="rayflow-bench-latency-")
     plan = blocks(args)
     results: dict[Config, list[Run]] = {c: [] for block in plan for c in block}
@@ -713,11 +649,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.perf_counter()
     try:
         for block in plan:
-            with _holding(args.lock, progress):
+            with holding(args.lock, progress):
                 first = block[0]
                 progress(
                     f"== {'chained' if first.chaining else 'unchained'}, "
-                    f"p={first.parallelism} (load {_load_text()})"
+                    f"p={first.parallelism} (load {load_text()})"
                 )
                 # Warm-up (worker start-up, imports) and the first estimate of the maximum.
                 try:
@@ -737,7 +673,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     progress(f"[{i}/{len(order)}] {config.label}: {_describe(run)}")
                 block_loads.append(
                     f"{'chained' if first.chaining else 'unchained'} p={first.parallelism}: "
-                    f"{_load_text()}"
+                    f"{load_text()}"
                 )
     finally:
         shutil.rmtree(storage, ignore_errors=True)

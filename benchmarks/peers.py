@@ -53,7 +53,6 @@ from __future__ import annotations
 
 import argparse
 import enum
-import fcntl
 import math
 import os
 import platform
@@ -63,10 +62,8 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -82,7 +79,8 @@ if str(HERE.parent) not in sys.path:
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
-from peers_common import KEYS, check_sums, load_average, parse_result  # noqa: E402
+from bench_runner import holding, load1, load_text, rayflow_revision, start_ray  # noqa: E402
+from peers_common import KEYS, check_sums, parse_result  # noqa: E402
 
 import rayflow  # noqa: E402
 from rayflow import (  # noqa: E402
@@ -359,7 +357,7 @@ def _rayflow_env(config: Config, storage: str) -> StreamExecutionEnvironment:
 
 
 def run_rayflow(config: Config, storage: str) -> Run:
-    run = Run(config, load=_load1())
+    run = Run(config, load=load1())
     try:
         env = _rayflow_env(config, storage)
         name = f"peers-{config.engine.value}-{config.mode.value}-p{config.parallelism}"
@@ -403,7 +401,7 @@ def run_peer(
     timeout_s: float = PEER_TIMEOUT_S,
     bytewax_batch_size: int = BYTEWAX_BATCH_SIZE,
 ) -> Run:
-    run = Run(config, load=_load1())
+    run = Run(config, load=load1())
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
     launched = time.time()
     try:
@@ -644,63 +642,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def _load1() -> float:
-    load = load_average()
-    return load[0] if load else math.nan
-
-
-def _load_text() -> str:
-    load = load_average()
-    return "/".join(f"{x:.2f}" for x in load) if load else "n/a"
-
-
 def _one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
-
-
-def _git(path: Path, *args: str) -> str:
-    try:
-        out = subprocess.run(
-            ["git", "-C", str(path), *args], capture_output=True, text=True, timeout=30
-        )
-        return out.stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return ""
-
-
-def rayflow_revision() -> str:
-    """The commit of the rayflow being measured, with its path (and ``+changes`` if dirty)."""
-    where = Path(rayflow.__file__).resolve().parent
-    commit = _git(where, "rev-parse", "HEAD") or "unknown commit"
-    dirty = " +uncommitted changes" if _git(where, "status", "--porcelain", "--", ".") else ""
-    return f"{commit}{dirty} ({where})"
-
-
-@contextmanager
-def _holding(path: str | None, progress: Callable[[str], None]) -> Iterator[None]:
-    if not path:
-        yield
-        return
-    with open(path, "a") as f:
-        # a blocking flock: a poller would lose every hand-over to blocking waiters
-        timer = threading.Timer(
-            60.0,
-            progress,
-            [
-                f"  waiting for {path} (held by another benchmark; if this run is itself "
-                "wrapped in flock on the same file, drop one of the two)"
-            ],
-        )
-        timer.daemon = True
-        timer.start()
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX)
-        finally:
-            timer.cancel()
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def _describe(run: Run) -> str:
@@ -715,19 +658,6 @@ def _describe(run: Run) -> str:
         parts.append(f"{run.checkpoints} checkpoints")
     check = run.check if not run.check.startswith("WRONG") else f"!!! {run.check} !!!"
     return ", ".join(parts) + f"; {check}; load {run.load:.2f}"
-
-
-def _start_ray(attempts: int = 2) -> None:
-    """``ray.init`` on a fresh local Ray, once more if a loaded machine made it time out."""
-    for attempt in range(attempts):
-        try:
-            ray.init(address="local", include_dashboard=False, logging_level="WARNING")
-            return
-        except Exception:
-            if attempt + 1 == attempts:
-                raise
-            ray.shutdown()
-            time.sleep(5)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -746,8 +676,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.pyflink:
         versions.append(f"PyFlink {peer_version(args.pyflink, 'apache-flink')}")
     machine = f"{os.cpu_count()} CPUs, Python {platform.python_version()}, " + ", ".join(versions)
-    revision = rayflow_revision()
-    load_start = _load_text()
+    where = Path(rayflow.__file__).resolve().parent
+    revision = f"{rayflow_revision(where)} ({where})"
+    load_start = load_text()
     progress(f"command: {command}")
     progress(f"rayflow: {revision}")
     progress(f"machine: {machine}")
@@ -759,15 +690,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     # the directory holding the rayflow this driver imported, so that workers import the
     # same one (checked again by the sink after every job).
     os.chdir(Path(rayflow.__file__).resolve().parents[1])
-    _start_ray()
+    start_ray()
     storage = tempfile.mkdtemp(prefix="rayflow-bench-peers-")
     results: dict[Config, list[Run]] = {c: [] for b in blocks for c in b.configs}
     started = time.perf_counter()
     try:
         warmed: set[Engine] = set()
         for block in blocks:
-            with _holding(args.lock, progress):
-                progress(f"== {block.name} (load {_load_text()})")
+            with holding(args.lock, progress):
+                progress(f"== {block.name} (load {load_text()})")
                 # a small untimed job of each engine the first time it runs
                 for engine in dict.fromkeys(c.engine for c in block.configs):
                     if args.warm_up and engine not in warmed:
@@ -800,7 +731,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         shutil.rmtree(storage, ignore_errors=True)
     total = time.perf_counter() - started
-    load_end = _load_text()
+    load_end = load_text()
 
     rows = [(c, results[c]) for b in blocks for c in b.configs if results[c]]
     table = render_table(rows)

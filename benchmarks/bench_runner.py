@@ -1,0 +1,96 @@
+"""What the rayflow-side benchmark scripts share: starting a local Ray, holding the
+machine-wide benchmark lock, the load average, and the revision being measured.
+
+Imports Ray (unlike ``peers_common.py``, which the peer engines' venvs import too).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import math
+import os
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import ray
+
+__all__ = ["holding", "load1", "load_text", "rayflow_revision", "start_ray"]
+
+
+def start_ray(attempts: int = 2) -> None:
+    """``ray.init`` on a fresh local Ray, once more if a loaded machine made it time out."""
+    for attempt in range(attempts):
+        try:
+            ray.init(address="local", include_dashboard=False, logging_level="WARNING")
+            return
+        except Exception:
+            if attempt + 1 == attempts:
+                raise
+            ray.shutdown()
+            time.sleep(5)
+
+
+@contextmanager
+def holding(path: str | None, progress: Callable[[str], None]) -> Iterator[None]:
+    """Hold the lock file ``path`` (if any) while the block runs. A blocking ``flock``,
+    queued like ``flock(1)`` callers (a poller would lose every hand-over to blocking
+    waiters); says so after a minute of waiting."""
+    if not path:
+        yield
+        return
+    with open(path, "a") as f:
+        timer = threading.Timer(
+            60.0,
+            progress,
+            [
+                f"  waiting for {path} (held by another benchmark; if this run is itself "
+                "wrapped in flock on the same file, drop one of the two)"
+            ],
+        )
+        timer.daemon = True
+        timer.start()
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX)
+        finally:
+            timer.cancel()
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def load1() -> float:
+    """The 1-minute load average (NaN where the OS has none)."""
+    try:
+        return os.getloadavg()[0]
+    except OSError:
+        return math.nan
+
+
+def load_text() -> str:
+    """The 1, 5 and 15 minute load averages as ``a/b/c``."""
+    try:
+        return "/".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return "n/a"
+
+
+def _git(where: Path, *args: str) -> str:
+    try:
+        done = subprocess.run(
+            ["git", "-C", str(where), *args], capture_output=True, text=True, timeout=30
+        )
+        return done.stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def rayflow_revision(package_dir: Path, short: bool = False) -> str:
+    """The commit of the rayflow at ``package_dir`` (``+uncommitted changes`` if dirty)."""
+    commit = _git(package_dir, "rev-parse", *(["--short"] if short else []), "HEAD")
+    dirty = " +uncommitted changes" if _git(package_dir, "status", "--porcelain", "--", ".") else ""
+    return f"{commit or 'unknown commit'}{dirty}"
