@@ -831,6 +831,7 @@ class StreamExecutionEnvironment:
             for sink in _sinks_of(graph):
                 sink.setup(job_name)
             client = JobClient(job_name, settings.job_id, graph, settings, lock, warm)
+            self._fault_plan = None  # a fault plan targets one run (rayflow.testing)
         except BaseException:
             release_run_lock(lock)
             raise
