@@ -76,8 +76,8 @@ def format_verdicts(reports: Sequence[RunReport]) -> str:
             )
         elif r.guarantee.value == "AT_LEAST_ONCE":
             how = (
-                f"nothing lost; {c.duplicated:,} orders committed twice, written again by "
-                "replays from the last checkpoint"
+                f"nothing lost; {c.duplicated:,} repeated orders (rows written again by "
+                "replays from the last checkpoint)"
             )
             if r.largest_dip:
                 how += (

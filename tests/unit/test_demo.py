@@ -81,7 +81,7 @@ def test_table_has_one_aligned_row_per_run():
     assert "42 ms" in alo and eo.endswith("1 of 2")  # one restart: one kill fired
     assert "5 rec/s" in eo  # 10 distinct orders in 2 s
     verdicts = format_verdicts(reports)
-    assert "7 orders lost" in verdicts and "2 orders committed twice" in verdicts
+    assert "7 orders lost" in verdicts and "2 repeated orders" in verdicts
     assert "exactly once" in verdicts and "BROKEN" not in verdicts
 
 
