@@ -171,11 +171,10 @@ def run(args: argparse.Namespace) -> int:
             if owned:
                 _quiet_worker_deaths()
             settings = _settings(args, workdir)
-            pace = f"{args.rate:,} orders/s" if args.rate else "unpaced"
+            pace = f" ({args.rate:,}/s)" if args.rate else ""
             print(
-                f"rayflow demo: the orders pipeline ({settings.records:,} orders, {pace} -> "
-                f"enrich -> running total per customer, parallelism {settings.parallelism}), "
-                "three runs"
+                f"rayflow demo: {settings.records:,} orders{pace} -> enrich -> running total "
+                f"per customer (parallelism {settings.parallelism}), run three times"
             )
             print(f"  into {target.describe()}")
             kills = "; ".join(
@@ -183,8 +182,8 @@ def run(args: argparse.Namespace) -> int:
                 for f in settings.fault_plan().faults
             )
             print(
-                f"  each with the same {settings.failures} seeded kill(s) of a {KILLED_VERTEX} "
-                f"subtask (SIGKILL; seed {settings.seed}){': ' + kills if kills else ''}"
+                f"  the same kills in every run (SIGKILL of a {KILLED_VERTEX} subtask, seed "
+                f"{settings.seed}): {kills or 'none'}"
             )
             print(flush=True)
             reports = [run_guarantee(target, g, settings) for g in Guarantee]
