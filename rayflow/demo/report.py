@@ -102,6 +102,7 @@ def plot_runs(reports: Sequence[RunReport], path: str, title: str) -> None:
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        from matplotlib.ticker import StrMethodFormatter
     except ImportError as exc:
         raise PlotUnavailableError(
             f"--plot needs matplotlib ({exc}): pip install matplotlib "
@@ -119,6 +120,7 @@ def plot_runs(reports: Sequence[RunReport], path: str, title: str) -> None:
         ax.axhline(
             reports[0].count.expected, color="grey", linestyle=":", label="orders in the input"
         )
+    ax.yaxis.set_major_formatter(StrMethodFormatter("{x:,.0f}"))
     ax.set_xlabel("seconds since the run started")
     ax.set_ylabel("records committed (visible to readers)")
     ax.set_title(title)

@@ -1,4 +1,4 @@
-"""The orders job: rayflow's main example, run by ``rayflow demo``.
+"""The orders job: rayflow's main example; ``rayflow demo`` runs its pipeline.
 
 A deterministic, replayable stream of synthetic orders flows through::
 
@@ -270,7 +270,7 @@ def _positive_int(text: str) -> int:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """The job's options (shared by ``main`` and ``rayflow demo``)."""
+    """The totals job's options."""
     parser.add_argument(
         "--orders",
         type=_positive_int,
