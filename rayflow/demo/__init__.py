@@ -187,6 +187,9 @@ def run(args: argparse.Namespace) -> int:
             )
             print(flush=True)
             reports = [run_guarantee(target, g, settings) for g in Guarantee]
+        except KeyboardInterrupt:
+            print("\nrayflow demo: interrupted (the running job was cancelled)", file=sys.stderr)
+            return 130
         finally:
             target.close()
     print()

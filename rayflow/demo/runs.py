@@ -254,16 +254,20 @@ def run_guarantee(
 
     waiter = threading.Thread(target=wait, name=f"demo-{run}", daemon=True)
     waiter.start()
-    while waiter.is_alive():
-        now = time.perf_counter() - started
-        try:
-            committed = target.committed(run)
-        except Exception:  # noqa: BLE001 - a failed look only skips this sample
-            committed = None
-        if committed is not None:
-            samples.append((now, committed))
-            line.update(now, committed, _state(client))
-        waiter.join(poll_s)
+    try:
+        while waiter.is_alive():
+            now = time.perf_counter() - started
+            try:
+                committed = target.committed(run)
+            except Exception:  # noqa: BLE001 - a failed look only skips this sample
+                committed = None
+            if committed is not None:
+                samples.append((now, committed))
+                line.update(now, committed, _state(client))
+            waiter.join(poll_s)
+    except BaseException:  # Ctrl-C: cancel the job (its transactions cleaned up), then stop
+        client.cancel(timeout=60)
+        raise
     seconds = time.perf_counter() - started
     if "error" in outcome:
         raise outcome["error"]  # type: ignore[misc]
