@@ -59,17 +59,23 @@ def local_ray_system_config() -> dict[str, Any]:
     return {"max_direct_call_object_size": INLINE_ARGUMENT_BYTES}
 
 
-def ensure_ray(address: str | None = None) -> None:
+def ensure_ray(address: str | None = None, log_to_driver: bool = True) -> None:
     """Start or join Ray once per process: ``address``, else ``RAY_ADDRESS``, else a local Ray.
 
     A local Ray started here passes arguments of up to 1 MiB inline
     (``max_direct_call_object_size``); on a cluster, set
     ``RAY_max_direct_call_object_size=1048576`` in the environment of ``ray start`` on
-    every node for the same effect (a joining driver cannot change it)."""
+    every node for the same effect (a joining driver cannot change it).
+    ``log_to_driver=False`` keeps the actors' log lines out of this process's output
+    (they stay in Ray's log files)."""
     if ray.is_initialized():
         return
     address = address or os.environ.get("RAY_ADDRESS") or "local"
-    kwargs: dict[str, Any] = {"address": address, "logging_level": "WARNING"}
+    kwargs: dict[str, Any] = {
+        "address": address,
+        "logging_level": "WARNING",
+        "log_to_driver": log_to_driver,
+    }
     if address == "local":
         kwargs["include_dashboard"] = False
         if config := local_ray_system_config():
@@ -837,6 +843,7 @@ class StreamExecutionEnvironment:
             for sink in _sinks_of(graph):
                 sink.setup(job_name)
             client = JobClient(job_name, settings.job_id, graph, settings, lock, warm)
+            self._fault_plan = None  # a fault plan targets one run (rayflow.testing)
         except BaseException:
             release_run_lock(lock)
             raise

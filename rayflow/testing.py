@@ -171,6 +171,48 @@ class FaultPlan(RuntimeHooks):
                 )
         return cls(faults)
 
+    @classmethod
+    def seeded_kills(
+        cls,
+        seed: int,
+        kills: int,
+        parallelism: int,
+        records_per_subtask: int,
+        vertex: str | None = None,
+    ) -> FaultPlan:
+        """``kills`` SIGKILLs of subtasks, one in each of the attempts 0..kills-1, drawn
+        from ``seed``: in attempt ``a``, subtask ``s`` of the vertex whose name contains
+        ``vertex`` dies once it has taken ``r`` input records in that attempt. (With
+        ``vertex`` None every vertex's subtask ``s`` carries the fault; sources take no
+        input records, so it fires where input arrives first.)
+
+        ``records_per_subtask`` is about how many records one subtask takes in a whole run;
+        each ``r`` lies in the ``1/(kills+1)``-th of it, halved at most, so every kill
+        still fires in a restarted attempt however far its predecessors got. The plan
+        depends on nothing but its arguments: the same arguments give the same failures
+        in runs with any checkpointing (AFTER_RECORDS needs no checkpoint).
+        """
+        if kills < 0:
+            raise ValueError(f"seeded_kills: kills must be >= 0, got {kills}")
+        if parallelism < 1 or records_per_subtask < 1:
+            raise ValueError(
+                "seeded_kills: parallelism and records_per_subtask must be >= 1, "
+                f"got {parallelism} and {records_per_subtask}"
+            )
+        rng = random.Random(seed)
+        span = max(1, records_per_subtask // (kills + 1))
+        faults = [
+            Fault(
+                FaultPoint.AFTER_RECORDS,
+                attempt=attempt,
+                vertex=vertex,
+                subtask=rng.randrange(parallelism),
+                records=rng.randint(max(1, span // 2), span),
+            )
+            for attempt in range(kills)
+        ]
+        return cls(faults)
+
     def for_subtask(self, vertex_name: str, subtask: int, attempt: int) -> SubtaskFaults | None:
         mine = [
             f
@@ -257,7 +299,12 @@ class MasterFaults(MasterHooks):
 
 
 def inject_faults(env, plan: RuntimeHooks) -> None:
-    """Run ``env`` 's next job with ``plan``'s faults (any :class:`RuntimeHooks`)."""
+    """Run ``env`` 's next job with ``plan``'s faults (any :class:`RuntimeHooks`).
+
+    The plan belongs to that one run: it travels with the run's settings to the run's own
+    job master and subtasks (attempts are counted within the run), and ``env`` forgets it
+    once the run has started, so a later ``execute`` of the same environment runs without
+    faults unless given a plan again."""
     env._fault_plan = plan
 
 

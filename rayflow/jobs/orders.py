@@ -1,4 +1,4 @@
-"""The orders job: rayflow's main example, run by ``rayflow demo``.
+"""The orders job: rayflow's main example; ``rayflow demo`` runs its pipeline.
 
 A deterministic, replayable stream of synthetic orders flows through::
 
@@ -13,7 +13,15 @@ Every column is a pure function of the sequence number, so the job can be
 replayed and its result checked: the last running total emitted for each
 customer must equal that customer's total computed directly with numpy.
 
-Run it with ``rayflow demo``, ``python -m rayflow.jobs.orders`` or
+The same pipeline with one output row per order (``build_order_stream``)::
+
+    ... -> map(enrich) -> key_by("customer_id")
+        -> reduce(add_running_total)    per record: the order with its customer's running total
+
+is what ``rayflow demo`` runs under each delivery guarantee (``rayflow.demo``): every
+order id must reach the sink's committed output exactly once.
+
+Run the totals job with ``python -m rayflow.jobs.orders`` or
 ``python examples/orders.py``.
 """
 
@@ -29,6 +37,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from rayflow.datastream import DataStream
 from rayflow.environment import StreamExecutionEnvironment, ensure_ray
 from rayflow.sources import NumberSequenceSource
 from sinks.basic import CollectSink
@@ -39,7 +48,11 @@ __all__ = [
     "order_columns",
     "generate_orders",
     "enrich",
+    "start_running_total",
+    "add_running_total",
+    "ORDER_STREAM_COLUMNS",
     "build",
+    "build_order_stream",
     "expected_totals",
     "final_totals",
     "verify_totals",
@@ -97,6 +110,66 @@ def enrich(order: dict[str, Any]) -> dict[str, Any]:
     order["region"] = REGIONS[order["customer_id"] % len(REGIONS)]
     order["amount_usd"] = order["amount_cents"] / 100
     return order
+
+
+def start_running_total(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """``map_batches`` step: every order opens its customer's running total with its own
+    amount (``add_running_total`` adds the earlier ones; a key's first record passes
+    ``reduce`` as it is)."""
+    return batch.append_column("customer_total_cents", batch.column("amount_cents"))
+
+
+def add_running_total(total: dict[str, Any], order: dict[str, Any]) -> dict[str, Any]:
+    """``reduce`` step, one record at a time: ``order`` with its customer's running total
+    (every earlier order of the customer plus this one)."""
+    order["customer_total_cents"] = total["customer_total_cents"] + order["amount_cents"]
+    return order
+
+
+#: The columns of ``build_order_stream``'s records, in order.
+ORDER_STREAM_COLUMNS = (
+    "order_id",
+    "customer_id",
+    "product",
+    "amount_cents",
+    "customer_total_cents",
+    "region",
+    "amount_usd",
+)
+
+
+def build_order_stream(
+    env: StreamExecutionEnvironment,
+    orders: int,
+    customers: int,
+    parallelism: int,
+    batch_size: int | None = None,
+    records_per_second: float | None = None,
+) -> DataStream:
+    """The orders pipeline with one record per order (``ORDER_STREAM_COLUMNS``): each
+    enriched order with its customer's running total. Add a sink with ``sink_to``.
+
+    ``batch_size`` and ``records_per_second`` go to each source subtask (see
+    ``NumberSequenceSource``). The keyed step is named ``RunningTotal``.
+    """
+    if orders < 1:
+        raise ValueError(f"orders must be >= 1, got {orders}")
+    if customers < 1:
+        raise ValueError(f"customers must be >= 1, got {customers}")
+    env.set_parallelism(parallelism)
+    source = NumberSequenceSource(
+        0, orders - 1, batch_size=batch_size, records_per_second=records_per_second
+    )
+    return (
+        env.from_source(source, "Orders")
+        .uid("orders")
+        .map_batches(functools.partial(generate_orders, customers=customers), "GenerateOrders")
+        .map_batches(start_running_total, "OpeningTotal")
+        .map(enrich, "Enrich")
+        .key_by("customer_id")
+        .reduce(add_running_total, "RunningTotal")
+        .uid("running-total")
+    )
 
 
 def build(
@@ -197,7 +270,7 @@ def _positive_int(text: str) -> int:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """The job's options (shared by ``main`` and ``rayflow demo``)."""
+    """The totals job's options."""
     parser.add_argument(
         "--orders",
         type=_positive_int,

@@ -65,12 +65,23 @@ def test_help_lists_commands_and_examples(capsys):
         assert word in text
 
 
-def test_demo_help_shows_job_options(capsys):
+def test_demo_help_shows_its_options(capsys):
     with pytest.raises(SystemExit):
         cli.main(["demo", "--help"])
     text = capsys.readouterr().out
-    for option in ("--orders", "--customers", "--parallelism", "--address"):
+    for option in (
+        "--sink",
+        "--dsn",
+        "--records",
+        "--failures",
+        "--seed",
+        "--plot",
+        "--parallelism",
+        "--address",
+    ):
         assert option in text
+    for sink in ("s3", "files", "postgres"):
+        assert sink in text
 
 
 def test_no_command_prints_help_and_fails(capsys):

@@ -1008,3 +1008,23 @@ def test_a_metadata_write_whose_answer_was_lost_counts_if_it_reads_back(tmp_path
     assert coordinator._reads_back(5, ours) is True
     other = CheckpointMetadata(5, "job", storage.run_id, 2, 0.0, 11.0, False)
     assert coordinator._reads_back(5, other) is False  # someone else's write
+
+
+@pytest.mark.parametrize("seed", [0, 7])
+def test_seeded_kills_one_per_attempt_each_within_reach_of_a_restart(seed):
+    plan = FaultPlan.seeded_kills(seed, 4, parallelism=3, records_per_subtask=10_000, vertex="v")
+    assert plan.faults == FaultPlan.seeded_kills(seed, 4, 3, 10_000, "v").faults
+    assert [f.attempt for f in plan.faults] == [0, 1, 2, 3]
+    assert all(f.point is FaultPoint.AFTER_RECORDS and f.action == "sigkill" for f in plan.faults)
+    assert all(f.vertex == "v" and 0 <= f.subtask < 3 for f in plan.faults)
+    # each within a fifth of a subtask's records, at least half of it: all kills together
+    # stay below one subtask's share, so a restarted attempt still reaches its threshold
+    assert all(1_000 <= f.records <= 2_000 for f in plan.faults)
+    assert FaultPlan.seeded_kills(seed, 0, 3, 10_000).faults == []
+
+
+def test_seeded_kills_rejects_nonsense():
+    with pytest.raises(ValueError, match="kills"):
+        FaultPlan.seeded_kills(1, -1, 2, 100)
+    with pytest.raises(ValueError, match="parallelism"):
+        FaultPlan.seeded_kills(1, 1, 0, 100)
