@@ -1,10 +1,14 @@
-"""Shared fixtures: one real local Ray per test session."""
+"""Shared fixtures: one real local Ray per test session; a throwaway PostgreSQL server
+(``postgres``, session) and a fresh database on it per test (``postgres_db``), from
+tests/pg_server.py."""
 
 from __future__ import annotations
 
 import os
 
 import pytest
+
+from tests.pg_server import postgres, postgres_db  # noqa: F401 - fixtures
 
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 
