@@ -124,6 +124,8 @@ class SinkContext:
     delivery_guarantee: DeliveryGuarantee | None = None
     #: the attempt's fence (``rayflow.runtime.fence.AttemptFence``), None outside a job
     fence: Any = field(default=None, compare=False, repr=False)
+    #: the sink's operator name in the job (for messages)
+    operator_name: str = ""
 
     def run_tag(self) -> str:
         """A short, time-sorted name part for the run (empty when there is no run id)."""

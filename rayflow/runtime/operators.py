@@ -381,6 +381,7 @@ class SinkOperator(Operator):
                 run_id=context.run_id,
                 delivery_guarantee=self.mode,
                 fence=context.fence,
+                operator_name=context.operator_name,
             )
         )
 

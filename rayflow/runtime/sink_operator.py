@@ -158,6 +158,7 @@ class TwoPhaseCommitSinkOperator(Operator):
             run_id=context.run_id,
             delivery_guarantee=self.mode,
             fence=context.fence,
+            operator_name=context.operator_name,
         )
         policy = self.sink.rolling_policy
         self.max_size = policy.max_part_size
