@@ -38,6 +38,7 @@ from rayflow.functions import (
 from rayflow.guarantees import DeliveryGuarantee
 from rayflow.keygroups import key_group_of, key_groups_of_array, key_groups_of_subtask
 from rayflow.plan.partitioners import KeySelector
+from rayflow.runtime.hooks import HookPoint
 from rayflow.runtime.records import batch_to_columns, batch_to_rows, rows_to_batches
 from rayflow.sink import Sink, SinkContext
 from rayflow.state import KeyedStateBackend
@@ -390,7 +391,12 @@ class SinkOperator(Operator):
         return []
 
     def snapshot_state(self, checkpoint_id: int) -> Any:
+        hooks = self.context.hooks
+        if hooks is not None:
+            hooks.at(HookPoint.SINK_BEFORE_PRE_COMMIT)
         self.writer.flush()
+        if hooks is not None:
+            hooks.at(HookPoint.SINK_AFTER_PRE_COMMIT)
         return None
 
     def end_input(self) -> list[pa.RecordBatch]:
