@@ -274,6 +274,8 @@ class SubtaskActor:
         ]
         #: when the armed buffer timeout fires (wall time), None when none is armed
         self._buffer_deadline: float | None = None
+        #: the armed buffer timer: the only one (a sooner one cancels it)
+        self._buffer_timer: asyncio.TimerHandle | None = None
         #: the origin (see ``Bundle``) of the data being processed; 0.0: now
         self._origin = 0.0
         self.fence = AttemptFence(deployment.run_id, self.attempt)
@@ -449,6 +451,7 @@ class SubtaskActor:
             self._drop_unaligned(checkpoint_id)
 
     async def _become(self, deployment: SubtaskDeployment) -> bool:
+        self._cancel_buffer_timer()  # the next attempt arms its own
         await self.gate.close()
         await self._cancel_async_parts()
         self.__init__(deployment)
@@ -758,7 +761,7 @@ class SubtaskActor:
                 self.barriers.on_announcement(item.channel, item.barrier, item.position)
             )
         elif isinstance(item, _BufferTimeout):
-            self._buffer_deadline = None
+            self._cancel_buffer_timer()
             for writer in self.writers:
                 await writer.send_buffered()
         elif isinstance(item, _AlignmentTimer):
@@ -911,13 +914,23 @@ class SubtaskActor:
         deadline = min(max(origin + timeout, now), now + timeout)
         if self._buffer_deadline is not None and self._buffer_deadline <= deadline:
             return
+        # Superseded: left armed, it would send a buffer started after this one is served
+        # before that buffer's own deadline.
+        self._cancel_buffer_timer()
         self._buffer_deadline = deadline
         gate = self.gate
 
         def fire() -> None:
             asyncio.ensure_future(gate.put_control(_BufferTimeout()))
 
-        asyncio.get_running_loop().call_later(deadline - now, fire)
+        self._buffer_timer = asyncio.get_running_loop().call_later(deadline - now, fire)
+
+    def _cancel_buffer_timer(self) -> None:
+        """No buffer timer armed any more (one that already fired has posted its flush)."""
+        if self._buffer_timer is not None:
+            self._buffer_timer.cancel()
+            self._buffer_timer = None
+        self._buffer_deadline = None
 
     def _schedule_alignment_timer(self, checkpoint_id: int, delay_s: float) -> None:
         gate = self.gate
