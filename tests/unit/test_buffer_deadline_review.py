@@ -281,3 +281,36 @@ def test_every_buffered_item_has_a_timer_due_by_its_deadline_whatever_the_schedu
 
     for seed in range(12):
         run(go(seed))
+
+
+def test_a_wall_clock_stepped_back_does_not_postpone_the_armed_timer(monkeypatch):
+    """Schedule: fresh data is written (its timer due one timeout T later); the wall
+    clock then steps back by T (a clock set by NTP, a resumed VM); a moment later more
+    fresh data is written. By the stepped clock that data is due before the armed timer,
+    in fact after it: the armed timer must stay, or the first data waits longer than
+    one timeout at this hop."""
+    from types import SimpleNamespace
+
+    from rayflow.runtime import subtask as subtask_module
+
+    timeout = 1.0
+    step = [0.0]
+    clock = SimpleNamespace(
+        time=lambda: time.time() - step[0], monotonic=time.monotonic, sleep=time.sleep
+    )
+    monkeypatch.setattr(subtask_module, "time", clock)
+
+    async def go():
+        timers = _RecordingLoop(asyncio.get_running_loop())
+        forward = PartitionerSpec(PartitionKind.FORWARD)
+        sub = _subtask([OutputDeployment(forward, [(_Receiver(), 0)])], timeout)
+        sub._loop = asyncio.get_running_loop()
+        await sub._emit([_batch([1])])
+        first_due = time.time() + timeout
+        step[0] = timeout
+        await asyncio.sleep(0.1)
+        await sub._emit([_batch([2])])
+        return first_due, min(timers.pending())
+
+    first_due, soonest = run(go())
+    assert soonest <= first_due + 0.01, f"the first data is sent {soonest - first_due:.3f} s late"
