@@ -272,10 +272,10 @@ class SubtaskActor:
             )
             for o in deployment.outputs
         ]
-        #: when the armed buffer timeout fires (wall time), None when none is armed
-        self._buffer_deadline: float | None = None
-        #: the armed buffer timer: the only one (a sooner one cancels it)
+        #: the armed buffer timer, the only one (a sooner one cancels it), and when it
+        #: fires by the wall clock; None when none is armed or its flush was served
         self._buffer_timer: asyncio.TimerHandle | None = None
+        self._buffer_deadline: float | None = None
         #: the origin (see ``Bundle``) of the data being processed; 0.0: now
         self._origin = 0.0
         self.fence = AttemptFence(deployment.run_id, self.attempt)
@@ -912,7 +912,10 @@ class SubtaskActor:
         now = time.time()
         timeout = self.d.buffer_timeout_s
         deadline = min(max(origin + timeout, now), now + timeout)
-        if self._buffer_deadline is not None and self._buffer_deadline <= deadline:
+        loop = asyncio.get_running_loop()
+        # Compared on the loop's clock, which a wall clock set back or forth leaves alone.
+        when = loop.time() + (deadline - now)
+        if self._buffer_timer is not None and self._buffer_timer.when() <= when:
             return
         # Superseded: left armed, it would send a buffer started after this one is served
         # before that buffer's own deadline.
@@ -923,7 +926,7 @@ class SubtaskActor:
         def fire() -> None:
             asyncio.ensure_future(gate.put_control(_BufferTimeout()))
 
-        self._buffer_timer = asyncio.get_running_loop().call_later(deadline - now, fire)
+        self._buffer_timer = loop.call_at(when, fire)
 
     def _cancel_buffer_timer(self) -> None:
         """No buffer timer armed any more (one that already fired has posted its flush)."""

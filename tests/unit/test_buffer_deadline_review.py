@@ -165,20 +165,20 @@ class _RecordingLoop:
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.timers: list[tuple[float, asyncio.TimerHandle, list[bool]]] = []
-        original = loop.call_later
+        original = loop.call_at  # ``call_later`` arms its timer with it too
 
-        def call_later(delay, callback, *args, **kwargs):
+        def call_at(when, callback, *args, **kwargs):
             fired = [False]
 
             def fire(*a):
                 fired[0] = True
                 callback(*a)
 
-            handle = original(delay, fire, *args, **kwargs)
-            self.timers.append((time.time() + delay, handle, fired))
+            handle = original(when, fire, *args, **kwargs)
+            self.timers.append((time.time() + (when - loop.time()), handle, fired))
             return handle
 
-        loop.call_later = call_later
+        loop.call_at = call_at
 
     def pending(self) -> list[float]:
         """Deadlines of the timers armed that have neither fired nor been cancelled."""
