@@ -23,7 +23,8 @@ from rayflow.datastream import DataStream
 from rayflow.errors import JobCancelledError, JobFailedError
 from rayflow.guarantees import DeliveryGuarantee, end_to_end
 from rayflow.keygroups import DEFAULT_MAX_PARALLELISM
-from rayflow.plan.logical import LogicalPlan
+from rayflow.plan.checks import check_aggregations, check_picklable
+from rayflow.plan.logical import LogicalPlan, check_parallelism
 from rayflow.plan.physical import JobGraph, build_job_graph
 from rayflow.runtime.channels import (
     DEFAULT_BUFFER_BYTES,
@@ -521,18 +522,16 @@ class StreamExecutionEnvironment:
     # --- configuration -------------------------------------------------------------------
 
     def set_parallelism(self, parallelism: int) -> StreamExecutionEnvironment:
-        if parallelism < 1:
-            raise ValueError(f"set_parallelism: must be >= 1, got {parallelism}")
-        self._parallelism = parallelism
+        self._parallelism = check_parallelism("set_parallelism", parallelism)
         return self
 
     def get_parallelism(self) -> int:
         return self._parallelism
 
     def set_max_parallelism(self, max_parallelism: int) -> StreamExecutionEnvironment:
-        if not 1 <= max_parallelism <= 32768:
-            raise ValueError(f"set_max_parallelism: must be in 1..32768, got {max_parallelism}")
-        self._max_parallelism = max_parallelism
+        self._max_parallelism = check_parallelism(
+            "set_max_parallelism", max_parallelism, "max parallelism"
+        )
         return self
 
     def get_max_parallelism(self) -> int:
@@ -697,6 +696,7 @@ class StreamExecutionEnvironment:
         graph = build_job_graph(
             self._plan, self._parallelism, self._max_parallelism, self._chaining
         )
+        check_aggregations(graph)
         for vertex in graph.vertices.values():
             for spec in vertex.operators:
                 sink = _sink_of(spec)
@@ -802,6 +802,7 @@ class StreamExecutionEnvironment:
         graph = self.get_job_graph()
         if not graph.vertices:
             raise ValueError("execute: the job has no operators; add a source and a sink")
+        check_picklable(graph)  # here, not as Ray's error once the job deploys
         config = self._checkpoint_config
         settings = JobSettings(
             job_name=job_name,

@@ -13,6 +13,24 @@ from typing import Any
 
 from rayflow.plan.partitioners import PartitionerSpec
 
+#: The largest max parallelism (Flink's limit: key groups are numbered in 15 bits).
+UPPER_MAX_PARALLELISM = 1 << 15
+
+
+def check_parallelism(owner: str, value: Any, what: str = "parallelism") -> int:
+    """``value`` if it is a valid ``what`` (``parallelism`` or ``max parallelism``): an
+    int in 1.. (and at most :data:`UPPER_MAX_PARALLELISM` for max parallelism); else a
+    TypeError or ValueError that starts with ``owner`` and shows the value."""
+    upper = UPPER_MAX_PARALLELISM if what == "max parallelism" else None
+    bounds = f"in 1..{upper}" if upper else ">= 1"
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(
+            f"{owner}: {what} must be an int {bounds}, got {value!r} ({type(value).__name__})"
+        )
+    if value < 1 or (upper is not None and value > upper):
+        raise ValueError(f"{owner}: {what} must be {bounds}, got {value!r}")
+    return value
+
 
 @dataclass
 class InputEdge:
