@@ -162,6 +162,7 @@ _SUBMODULES = frozenset(
         "errors",
         "functions",
         "guarantees",
+        "inprocess",
         "keygroups",
         "sink",
         "sources",

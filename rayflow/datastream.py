@@ -157,6 +157,11 @@ class DataStream:
         transformation = self._add(name, ops.factory(operator, sink), "sink", sink)
         return DataStreamSink(self._env, transformation)
 
+    def execute_and_collect(self, job_name: str = "rayflow job", limit: int | None = None) -> Any:
+        """Run the job on Ray and return the records of this stream (PyFlink's name; see
+        ``StreamExecutionEnvironment.execute_and_collect``)."""
+        return self._env._execute_and_collect(self, job_name, limit)
+
     def print(self, name: str = "Print") -> DataStreamSink:
         from sinks.basic import PrintSink
 

@@ -28,7 +28,7 @@ def check_parallelism(owner: str, value: Any, what: str = "parallelism") -> int:
             f"{owner}: {what} must be an int {bounds}, got {value!r} ({type(value).__name__})"
         )
     if value < 1 or (upper is not None and value > upper):
-        raise ValueError(f"{owner}: {what} must be {bounds}, got {value!r}")
+        raise ValueError(f"{owner}: {what} must be an int {bounds}, got {value!r}")
     return value
 
 
@@ -75,6 +75,22 @@ class LogicalPlan:
         self._next_id += 1
         self.transformations[transformation.id] = transformation
         return transformation
+
+    def open_ends(self) -> list[Transformation]:
+        """The transformations (not sinks, not unions) that nothing consumes: streams that
+        end without a sink."""
+        consumed = {edge.upstream for t in self.transformations.values() for edge in t.inputs}
+        return [
+            t
+            for t in self.transformations.values()
+            if t.id not in consumed and t.kind not in ("sink", "union")
+        ]
+
+    def remove(self, transformation_id: int) -> None:
+        """Drop a transformation nothing consumes (a sink added for one run)."""
+        if self.consumers(transformation_id):
+            raise ValueError(f"transformation {transformation_id} has consumers")
+        del self.transformations[transformation_id]
 
     def consumers(self, transformation_id: int) -> list[Transformation]:
         return [
