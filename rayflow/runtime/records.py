@@ -335,7 +335,7 @@ def _is_list(t: pa.DataType) -> bool:
 def _widens(source: pa.DataType, target: pa.DataType) -> bool:
     """True when values of ``source`` may be cast to ``target`` (a safe cast then checks
     each value): from null to anything, between integers, from integers to floats,
-    between floats, between string types, and so within lists, maps and structs, whose
+    between floats, between decimals, between string types, and so within lists, maps and structs, whose
     fields holding values must all be in ``target`` (Arrow's cast would drop them)."""
     if source == target or pa.types.is_null(source):
         return True
@@ -343,6 +343,8 @@ def _widens(source: pa.DataType, target: pa.DataType) -> bool:
         return pa.types.is_integer(target) or pa.types.is_floating(target)
     if pa.types.is_floating(source):
         return pa.types.is_floating(target)
+    if pa.types.is_decimal(source):  # inferred per batch with the digits it needs
+        return pa.types.is_decimal(target)
     strings = (pa.types.is_string, pa.types.is_large_string)
     if any(f(source) for f in strings):
         return any(f(target) for f in strings)

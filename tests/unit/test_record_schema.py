@@ -249,3 +249,15 @@ def test_output_records_keeps_the_first_schema_it_emitted():
     assert out.build([]) == []
     (first,) = out.build([{"a": 1}])
     assert out.schema == first.schema
+
+
+def test_decimals_inferred_with_fewer_digits_later_fit_the_first_type():
+    from decimal import Decimal
+
+    out = OutputRecords("map 'M'")
+    (first,) = out.build([{"d": Decimal("1.25")}])
+    (second,) = out.build([{"d": Decimal("2.5")}])
+    assert second.schema == first.schema
+    assert second.to_pylist() == [{"d": Decimal("2.50")}]
+    with pytest.raises(SchemaChangeError, match="declare the wider type with output_type"):
+        out.build([{"d": Decimal("1000.5")}])
