@@ -18,6 +18,10 @@ take its keys without a lookup per record.
   operator, the key and a sample record (rather than a schema mismatch in a sink later);
 * anything that is not a dict with str keys raises :class:`~rayflow.errors.RecordError`.
 
+The schema is each subtask's own, not part of checkpoints: parallel subtasks of one
+operator, or an attempt after a restart, take it from their own first batch; a declared
+``output_type`` is the same everywhere.
+
 Records that all have the first record's keys (the common case) cost one C-level pass per
 column (an ``itemgetter`` mapped over the records) and one over the records' lengths;
 only when a key is missing or a count differs is the batch unified record by record.
