@@ -472,10 +472,22 @@ class KeyedAggregateOperator(_KeyedOperator):
             table[key] = total
             totals.append(total)
         key_name = key_column or "key"
-        total_type = self._total_type if self.field is not None else pa.int64()
         columns: dict[str, Any] = {key_name: keys}
-        columns[self.output_field] = pa.array(totals, type=total_type)
+        columns[self.output_field] = self._totals_array(totals)
         return [pa.RecordBatch.from_pydict(columns)]
+
+    def _totals_array(self, totals: list[Any]) -> pa.Array:
+        """The totals in the aggregate's type (the same from batch to batch, also while a
+        key's total is still null), or as inferred when the input's type changed."""
+        total_type = self._total_type if self.field is not None else pa.int64()
+        array = pa.array(totals)  # inferred: a typed conversion would truncate floats
+        if total_type is None or array.type == total_type:
+            return array
+        try:
+            return array.cast(total_type, safe=True)
+        except pa.ArrowException:
+            self._total_type = array.type
+            return array
 
     def _partials_vectorized(self, batch: pa.RecordBatch, key_column: str) -> tuple[list, list]:
         table = pa.Table.from_batches([batch])

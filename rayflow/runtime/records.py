@@ -170,14 +170,14 @@ class OutputRecords:
         )
 
     def _direct_types(self, names: tuple[Any, ...]) -> list[pa.DataType | None]:
-        """Per key, the output schema's type when values convert to it directly (a flat
-        type: faster than inferring it, and a value that does not fit raises), else None."""
+        """Per key, the output schema's type when values convert to it directly (faster
+        than inferring it, and a value that does not fit raises), else None."""
         schema = self.schema
         types: list[pa.DataType | None] = []
         for name in names:
             index = schema.get_field_index(name) if schema is not None else -1
             t = schema.field(index).type if index >= 0 else None
-            types.append(t if t is not None and _is_flat(t) else None)
+            types.append(t if t is not None and _converts_directly(t) else None)
         return types
 
     def _unified(self, rows: list[Any]) -> pa.RecordBatch:
@@ -319,17 +319,14 @@ def _holds_null_type(t: pa.DataType) -> bool:
     return False
 
 
-_FLAT = (
-    pa.types.is_integer,
-    pa.types.is_floating,
-    pa.types.is_boolean,
-    pa.types.is_string,
-    pa.types.is_large_string,
-)
+#: Types whose values convert from Python objects strictly enough to skip inference:
+#: an int column is not among them (Arrow converts a float into an int64 column by
+#: dropping its fraction), nor float32 (it rounds doubles).
+_DIRECT = (pa.float64(), pa.bool_(), pa.string(), pa.large_string())
 
 
-def _is_flat(t: pa.DataType) -> bool:
-    return any(f(t) for f in _FLAT)
+def _converts_directly(t: pa.DataType) -> bool:
+    return t in _DIRECT
 
 
 def _is_list(t: pa.DataType) -> bool:
@@ -339,8 +336,9 @@ def _is_list(t: pa.DataType) -> bool:
 def _widens(source: pa.DataType, target: pa.DataType) -> bool:
     """True when values of ``source`` may be cast to ``target`` (a safe cast then checks
     each value): from null to anything, between integers, from integers to floats,
-    between floats, between decimals, between string types, and so within lists, maps and structs, whose
-    fields holding values must all be in ``target`` (Arrow's cast would drop them)."""
+    between floats, between decimals, between string types, and so within lists, maps and
+    structs, whose fields holding values must all be in ``target`` (Arrow's cast would drop
+    them)."""
     if source == target or pa.types.is_null(source):
         return True
     if pa.types.is_integer(source):

@@ -87,3 +87,9 @@ def test_min_and_max_of_strings_are_ordered():
 def test_a_field_never_seen_is_an_error():
     with pytest.raises(KeyError, match=r"sum\('v'\): no such column"):
         aggregate("sum").process(pa.record_batch({"k": [1]}))
+
+
+def test_a_float_total_after_int_totals_is_not_truncated():
+    op = aggregate("sum")
+    rows(op, pa.record_batch({"k": [1], "v": [1]}))
+    assert rows(op, pa.record_batch({"k": [1], "v": [1.5]})) == {1: 2.5}

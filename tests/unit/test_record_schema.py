@@ -261,3 +261,14 @@ def test_decimals_inferred_with_fewer_digits_later_fit_the_first_type():
     assert second.to_pylist() == [{"d": Decimal("2.50")}]
     with pytest.raises(SchemaChangeError, match="declare the wider type with output_type"):
         out.build([{"d": Decimal("1000.5")}])
+
+
+def test_a_float_in_a_later_batch_of_an_int_column_is_never_truncated():
+    out = OutputRecords("map 'M'")
+    out.build([{"v": 1}])
+    with pytest.raises(SchemaChangeError, match="'v' is int64"):
+        out.build([{"v": 2.5}])
+    out = OutputRecords("map 'M'")
+    out.build([{"v": 1.5}])
+    (batch,) = out.build([{"v": 2}, {"v": 3}])  # ints into a float column
+    assert batch.column("v").to_pylist() == [2.0, 3.0]
