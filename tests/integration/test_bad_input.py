@@ -93,13 +93,10 @@ def test_a_sum_over_a_field_later_records_lack_skips_nulls_and_counts_them():
 # --- not records --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "returned,type_name", [(lambda r: r["value"] * 2, "int"), (lambda r: None, "None")]
-)
-def test_map_returning_a_non_dict(returned, type_name):
+def test_map_returning_a_non_dict():
     e = env()
-    numbers(e, 4).map(returned, name="Double").sink_to(CollectSink())
-    assert f"map 'Double' must return a dict (a record), got {type_name}" in failure(e)
+    numbers(e, 4).map(lambda r: r["value"] * 2, name="Double").sink_to(CollectSink())
+    assert "map 'Double' must return a dict (a record), got int" in failure(e)
 
 
 def test_flat_map_yielding_non_dicts():
