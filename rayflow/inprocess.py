@@ -18,7 +18,6 @@ needs Ray, so here it is stood in for by a list, and its result is the same tabl
 
 from __future__ import annotations
 
-import traceback
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -251,7 +250,7 @@ class _Run:
                     try:
                         op.close()
                     except Exception:  # noqa: BLE001 - closing must not hide the first error
-                        traceback.print_exc()
+                        pass
 
 
 def _create_reader(sub: _Subtask, splits: list[Any]) -> Any:
