@@ -177,6 +177,7 @@ _SUBMODULES = frozenset(
         "errors",
         "functions",
         "guarantees",
+        "inprocess",
         "keygroups",
         "sink",
         "sources",
