@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import pickle
+from urllib.parse import quote, quote_plus
 
 import pyarrow as pa
 import pytest
@@ -20,7 +21,7 @@ from rayflow.runtime.fence import AttemptFence, StaleAttemptError
 from rayflow.runtime.operators import OperatorContext
 from rayflow.runtime.sink_operator import TwoPhaseCommitSinkOperator
 from rayflow.sink import CommitOutcome
-from sinks.postgres import PostgresSink
+from sinks.postgres import PostgresSink, PostgresUpsertSink
 
 pytest.importorskip("psycopg")
 
@@ -155,3 +156,31 @@ def test_a_cancel_after_recovery_was_told_retry_later_keeps_that_committable(db)
     second.close()
     assert table_rows(db) == [(1, 10), (2, 20)]
     assert prepared(db) == []
+
+
+# --- the password, however the DSN spells it ------------------------------------------------
+
+
+def _spellings(password: str) -> set[str]:
+    """Every way a DSN may spell ``password``: as it is, percent-encoded, libpq-quoted."""
+    escaped = password.replace("\\", "\\\\").replace("'", "\\'")
+    return {password, quote(password, safe=""), quote(password), quote_plus(password), escaped}
+
+
+@pytest.mark.parametrize("password", ["p@ss:w/rd%1", "it's\\x", "h#sh?q=1&a b"])
+def test_the_password_never_shows_however_the_dsn_spells_it(password):
+    """A password with characters a URI must percent-encode (or a key/value DSN must
+    escape) is spelled differently in the DSN than libpq's parsed value: repr, str and
+    explain() show the DSN, and must hide every spelling of it."""
+    encoded = quote(password, safe="")
+    escaped = password.replace("\\", "\\\\").replace("'", "\\'")
+    dsns = [
+        f"postgresql://someone:{encoded}@127.0.0.1:1/db",
+        f"postgresql://someone@127.0.0.1:1/db?password={encoded}",
+        f"host=127.0.0.1 port=1 user=someone dbname=db password='{escaped}'",
+    ]
+    for dsn in dsns:
+        for sink in (PostgresSink(dsn, "t"), PostgresUpsertSink(dsn, "t", ["k"])):
+            for text in (repr(sink), str(sink)):
+                shown = [s for s in _spellings(password) if s in text]
+                assert not shown, f"{text} shows the password as {shown}"
