@@ -55,6 +55,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote, quote_plus
 
 import pyarrow as pa
 import pyarrow.csv as pcsv
@@ -143,6 +144,12 @@ class _Target:
         #: the connection string (configuration: it travels to every subtask; never shown)
         self.dsn = dsn
         self._password = str(info.get("password") or "")
+        #: every spelling of the password this DSN may hold or a message may quote
+        self._secrets = _spellings(self._password, dsn)
+        #: the DSN as it may be shown: parsed, with the password replaced
+        self._shown_dsn = _psycopg().conninfo.make_conninfo(
+            "", **{k: ("***" if k == "password" else v) for k, v in info.items()}
+        )
         self._where = (
             f"{info.get('host') or 'localhost'}:{info.get('port') or 5432}/"
             f"{info.get('dbname') or ''}" + (f" as {info['user']}" if info.get("user") else "")
@@ -177,13 +184,14 @@ class _Target:
         return f"{who} (table {self.table_name} at {self._where})"
 
     def _scrub(self, text: str) -> str:
-        """``text`` without the DSN's password (in case a message quotes it)."""
-        if self._password:
-            text = text.replace(self._password, "***")
+        """``text`` without the DSN's password, however spelled (in case a message
+        quotes it)."""
+        for secret in self._secrets:
+            text = text.replace(secret, "***")
         return text
 
     def _safe_dsn(self) -> str:
-        return self._scrub(self.dsn)
+        return self._shown_dsn
 
     def _describe_error(self, exc: BaseException) -> str:
         sqlstate = getattr(exc, "sqlstate", None)
@@ -272,6 +280,25 @@ class _Target:
     def _repr_fields(self) -> str:
         columns = f", columns={list(self.columns)!r}" if self.columns else ""
         return f"dsn={self._safe_dsn()!r}, table={self.table_name!r}{columns}"
+
+
+def _spellings(password: str, dsn: str) -> list[str]:
+    """The ways ``dsn`` may spell ``password`` (as it is, percent-encoded in a URI,
+    escaped in a key/value string, and what the DSN itself holds there), longest first."""
+    if not password:
+        return []
+    found = {
+        password,
+        quote(password, safe=""),
+        quote(password),
+        quote_plus(password),
+        password.replace("\\", "\\\\").replace("'", "\\'"),
+    }
+    for pattern in (r"^[a-z]+://[^/?#@:]*:([^/?#@]+)@", r"[?&]password=([^&#]+)"):
+        match = re.search(pattern, dsn, re.IGNORECASE)
+        if match:
+            found.add(match.group(1))
+    return sorted((s for s in found if s), key=len, reverse=True)
 
 
 def _application_name(context: SinkContext | None, role: str) -> str:
