@@ -11,6 +11,10 @@ from __future__ import annotations
 
 import os
 import pickle
+import signal
+import subprocess
+import sys
+import time
 from urllib.parse import quote, quote_plus
 
 import pyarrow as pa
@@ -184,3 +188,74 @@ def test_the_password_never_shows_however_the_dsn_spells_it(password):
             for text in (repr(sink), str(sink)):
                 shown = [s for s in _spellings(password) if s in text]
                 assert not shown, f"{text} shows the password as {shown}"
+
+
+# --- a PREPARE that lands after its client was killed -----------------------------------------
+
+STALE_ATTEMPT = """
+import sys
+import pyarrow as pa
+from rayflow import DeliveryGuarantee
+from rayflow.runtime.operators import OperatorContext
+from rayflow.runtime.sink_operator import TwoPhaseCommitSinkOperator
+from sinks.postgres import PostgresSink
+
+op = TwoPhaseCommitSinkOperator(
+    PostgresSink(sys.argv[1], "t", delivery_guarantee=DeliveryGuarantee.EXACTLY_ONCE)
+)
+op.open(OperatorContext("job", "pg", "pg", 0, 1, 128, 0, checkpointing=True, run_id="run-1-ab"))
+op.process(pa.record_batch({"k": pa.array([666]), "v": pa.array([6660])}))
+op.snapshot_state(2)  # PREPARE TRANSACTION: the server is slow to finish it
+"""
+
+
+def _stale_backends(db) -> int:
+    with db.connect() as conn:
+        return conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND query LIKE 'PREPARE TRANSACTION%%' AND state = 'active'"
+        ).fetchone()[0]
+
+
+def test_a_prepare_that_lands_after_its_client_was_killed_is_not_left_behind(db):
+    """Attempt 0's sink subtask sends PREPARE TRANSACTION for checkpoint 2; the server is
+    slow to finish it (a deferred constraint trigger, here one that sleeps), and the
+    subtask's process is killed meanwhile. Attempt 1 recovers, lists the prepared
+    transactions (attempt 0's is not there yet), writes, commits and, at the end of
+    input, sweeps again: the job has ended. Then the server finishes attempt 0's PREPARE
+    for a client that is gone. A finished job must leave no prepared transaction behind:
+    the server must not finish a PREPARE whose client is gone."""
+    with db.connect() as conn:
+        conn.execute(
+            "CREATE FUNCTION slow() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+            "IF NEW.k = 666 THEN PERFORM pg_sleep(6); END IF; RETURN NULL; END $$"
+        )
+        conn.execute(
+            "CREATE CONSTRAINT TRIGGER slow AFTER INSERT ON t DEFERRABLE INITIALLY DEFERRED "
+            "FOR EACH ROW EXECUTE FUNCTION slow()"
+        )
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    stale = subprocess.Popen([sys.executable, "-c", STALE_ATTEMPT, db.dsn], cwd=ROOT, env=env)
+    try:
+        deadline = time.monotonic() + 120
+        while _stale_backends(db) == 0:
+            assert stale.poll() is None, "attempt 0 ended before its PREPARE"
+            assert time.monotonic() < deadline, "attempt 0 never sent its PREPARE"
+            time.sleep(0.05)
+    finally:
+        stale.send_signal(signal.SIGKILL)  # attempt 0's process dies mid-PREPARE
+        stale.wait()
+    second = operator(PostgresSink(db.dsn, "t", delivery_guarantee=EO), attempt=1)
+    second.recover(None)
+    second.process(rows([1, 2]))
+    second.snapshot_state(3)
+    second.notify_checkpoint_complete(3)
+    second.end_input()
+    second.snapshot_state(4)  # the final checkpoint
+    second.notify_checkpoint_complete(4)  # commits, then sweeps: the job has ended
+    second.close()
+    assert table_rows(db) == [(1, 10), (2, 20)]
+    deadline = time.monotonic() + 30
+    while _stale_backends(db) and time.monotonic() < deadline:
+        time.sleep(0.1)  # the server finishes (or drops) attempt 0's PREPARE
+    assert prepared(db) == []
