@@ -87,6 +87,8 @@ log = logging.getLogger("rayflow.sinks.postgres")
 
 #: PostgreSQL's limit for a prepared transaction's id (GIDSIZE - 1)
 MAX_GID = 199
+#: how often the server checks that a writer's client is still there while it works
+CLIENT_CHECK_MS = 1000
 _LINE = re.compile(r"\bline (\d+)")
 
 
@@ -227,6 +229,26 @@ class _Target:
                 f"{self._label(name)}: cannot connect: {self._describe_error(exc)}",
                 getattr(exc, "sqlstate", None),
             ) from None
+
+    def _watch_client(self, conn: Any) -> None:
+        """Make the server drop this session's work when its client is gone (PostgreSQL
+        14 and later; earlier servers notice only when they answer).
+
+        A writer's process can be killed while its PREPARE TRANSACTION (or a merge) is
+        still running at the server, held up by a deferred trigger or a lock: without
+        this, the server finishes it for nobody after the next attempt has listed and
+        swept this subtask's prepared transactions, and it stays behind. With it, the
+        server aborts it within ``CLIENT_CHECK_MS`` of the client's death."""
+        if conn.info.server_version < 140000:
+            return
+        try:
+            conn.execute(f"SET client_connection_check_interval = {CLIENT_CHECK_MS}")
+            if not conn.autocommit:
+                conn.commit()  # a SET rolled back with its transaction would be undone
+        except _psycopg().Error as exc:  # a safeguard, not a requirement
+            log.warning("%s: %s", self._label(), self._describe_error(exc))
+            if not conn.autocommit:
+                conn.rollback()
 
     def _table_columns(self, conn: Any, name: str) -> dict[str, str]:
         """The table's columns and their types; raises when the table does not exist."""
@@ -482,6 +504,7 @@ class _PgWriter(TransactionWriter[_PgTransaction, PostgresCommittable]):
             self.conn = self.sink._connect(
                 self.name, _application_name(self.context, "writer"), autocommit=False
             )
+            self.sink._watch_client(self.conn)
             if self.guarantee is DeliveryGuarantee.EXACTLY_ONCE:
                 try:
                     self.sink._check_prepared_transactions(self.conn, self.name)
@@ -901,6 +924,7 @@ class _UpsertWriter(SinkWriter):
             self.conn = self.sink._connect(
                 self.name, _application_name(self.context, "upsert"), autocommit=False
             )
+            self.sink._watch_client(self.conn)
             self._staging = None
         return self.conn
 
