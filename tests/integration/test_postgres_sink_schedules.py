@@ -259,3 +259,40 @@ def test_a_prepare_that_lands_after_its_client_was_killed_is_not_left_behind(db)
     while _stale_backends(db) and time.monotonic() < deadline:
         time.sleep(0.1)  # the server finishes (or drops) attempt 0's PREPARE
     assert prepared(db) == []
+
+
+# --- a rerun at a lower parallelism ------------------------------------------------------------
+
+
+def test_a_rerun_at_a_lower_parallelism_leaves_nothing_of_a_crashed_run_behind(db):
+    """A run at parallelism 3 crashes (its driver dies) with subtask 2's transaction of
+    checkpoint 1 prepared: nothing of that run cleans up. The job is run again under the
+    same name with default settings (a fresh run, no restore) at parallelism 2: its
+    subtasks roll back what earlier runs left for subtasks 0 and 1, and must not leave
+    subtask 2's behind when it finishes; no subtask has index 2 any more."""
+    for subtask in range(3):
+        crashed = operator(
+            PostgresSink(db.dsn, "t", delivery_guarantee=EO),
+            subtask=subtask,
+            parallelism=3,
+            run_id="run-1-aa",
+        )
+        crashed.process(rows([100 + subtask]))
+        crashed.snapshot_state(1)
+        crashed.close()  # the run is gone: its prepared transactions stay
+    assert len(prepared(db)) == 3
+    for subtask in range(2):
+        rerun = operator(
+            PostgresSink(db.dsn, "t", delivery_guarantee=EO),
+            subtask=subtask,
+            parallelism=2,
+            run_id="run-2-bb",
+        )
+        rerun.recover(None)
+        rerun.process(rows([subtask]))
+        rerun.end_input()
+        rerun.snapshot_state(7)  # the final checkpoint
+        rerun.notify_checkpoint_complete(7)  # commits, then sweeps
+        rerun.close()
+    assert table_rows(db) == [(0, 0), (1, 10)]
+    assert prepared(db) == []
