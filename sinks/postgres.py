@@ -709,16 +709,22 @@ class _PgCommitter(Committer[PostgresCommittable]):
             ) from None
 
     def abort_lingering(self, context: SinkContext, keep: Sequence[PostgresCommittable]) -> int:
+        """Rolls back the prepared transactions of subtask ``context`` not in ``keep``, and
+        those of every subtask index at or beyond the job's parallelism that rescaling
+        gives it (``index % parallelism``, as a restore hands out old subtasks' state):
+        an earlier run at a higher parallelism may have left them, and no subtask has
+        that index any more."""
         prefix = self.sink.gid_prefix(context)
+        operator_prefix = prefix[: -len(f"{context.subtask_index:04d}_")]
         kept = {c.gid for c in keep if isinstance(c, PostgresCommittable) and c.gid}
         psycopg = _psycopg()
         try:
-            rows = (
+            listed = (
                 self._connection()
                 .execute(
                     "SELECT gid FROM pg_prepared_xacts WHERE database = current_database() "
                     "AND left(gid, %s) = %s ORDER BY gid",
-                    (len(prefix), prefix),
+                    (len(operator_prefix), operator_prefix),
                 )
                 .fetchall()
             )
@@ -728,6 +734,19 @@ class _PgCommitter(Committer[PostgresCommittable]):
                 f"{self.label}: listing prepared transactions: {self.sink._describe_error(exc)}",
                 getattr(exc, "sqlstate", None),
             ) from None
+        parallelism = context.parallelism
+        rows = []
+        for (gid,) in listed:
+            index, separator, _ = gid[len(operator_prefix) :].partition("_")
+            if not separator or not index.isdigit():
+                continue  # not a subtask's transaction of this sink
+            index = int(index)
+            if index == context.subtask_index or (
+                parallelism > 0
+                and index >= parallelism
+                and index % parallelism == context.subtask_index
+            ):
+                rows.append((gid,))
         aborted = 0
         for (gid,) in rows:
             if gid in kept:
