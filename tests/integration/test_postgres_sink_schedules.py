@@ -296,3 +296,33 @@ def test_a_rerun_at_a_lower_parallelism_leaves_nothing_of_a_crashed_run_behind(d
         rerun.close()
     assert table_rows(db) == [(0, 0), (1, 10)]
     assert prepared(db) == []
+
+
+# --- two runs of one job name at once ----------------------------------------------------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the run lock holds one run per job name on one Ray cluster only; the "
+    "PostgreSQL sink has no lock of its own in the database, and a fresh run rolls back "
+    "every prepared transaction of its subtask prefix, whichever run prepared it",
+)
+def test_a_fresh_run_never_rolls_back_what_a_live_run_of_the_same_name_prepared(db):
+    """Two runs of one job name against one database, from two Ray clusters (yesterday's
+    nightly run still going on the old cluster when today's starts on a new one): run B
+    starts fresh and recovers; run A's checkpoint 5 has completed and its commit is on
+    its way. B must not roll back what A prepared (A's rows would be lost, and A fails
+    for good on every restore of checkpoint 5); it should refuse to run instead."""
+    a = operator(PostgresSink(db.dsn, "t", delivery_guarantee=EO), run_id="run-1-aa")
+    a.recover(None)
+    a.process(rows([1]))
+    a.snapshot_state(5)
+    b = operator(PostgresSink(db.dsn, "t", delivery_guarantee=EO), run_id="run-2-bb")
+    try:
+        b.recover(None)
+    except Exception:  # noqa: BLE001 - refusing to run next to a live run is fine
+        pass
+    a.notify_checkpoint_complete(5)
+    a.close()
+    b.close()
+    assert table_rows(db) == [(1, 10)]
