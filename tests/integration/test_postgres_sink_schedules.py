@@ -326,3 +326,57 @@ def test_a_fresh_run_never_rolls_back_what_a_live_run_of_the_same_name_prepared(
     a.close()
     b.close()
     assert table_rows(db) == [(1, 10)]
+
+
+# --- two sessions finishing one prepared transaction --------------------------------------------
+
+
+def test_a_commit_that_finds_another_session_finishing_it_is_retried_not_failed(db):
+    """Two sessions COMMIT PREPARED the same transaction at once: a stale attempt's
+    committer and the next attempt's recovery, or a cancel's clean-up and the recover
+    thread it overlaps. The server answers the second "prepared transaction ... is busy"
+    (SQLSTATE 55000) while the first is finishing, which takes as long as synchronous
+    replication makes it wait. That is "another session is finishing it": RETRY_LATER,
+    then ALREADY_COMMITTED; never FAILED (which fails the attempt, or a cancel's
+    clean-up, for a transaction that is being committed). (psycopg files SQLSTATE 55000
+    under OperationalError, which the committer retries.)"""
+    import threading
+
+    sink = PostgresSink(db.dsn, "t", delivery_guarantee=EO)
+    op = operator(sink)
+    op.process(rows([1]))
+    op.snapshot_state(1)
+    [committable] = op.pending[1]
+    other = db.connect()
+    admin = db.connect()
+    try:
+        admin.execute("ALTER SYSTEM SET synchronous_standby_names = 'nosuch'")
+        admin.execute("SELECT pg_reload_conf()")
+        time.sleep(0.5)
+        other.execute("SET synchronous_commit = on")  # this session waits for a standby
+        pid = other.info.backend_pid
+        finishing = threading.Thread(
+            target=other.execute, args=(f"COMMIT PREPARED '{committable.gid}'",), daemon=True
+        )
+        finishing.start()
+        deadline = time.monotonic() + 30
+        while (
+            admin.execute(
+                "SELECT wait_event FROM pg_stat_activity WHERE pid = %s", (pid,)
+            ).fetchone()[0]
+            != "SyncRep"
+        ):
+            assert time.monotonic() < deadline, "the other session never waited"
+            time.sleep(0.05)
+        outcome = op.committer.commit(committable)
+        assert outcome.status.name == "RETRY_LATER", outcome
+    finally:
+        admin.execute("ALTER SYSTEM RESET synchronous_standby_names")
+        admin.execute("SELECT pg_reload_conf()")
+        admin.execute("SELECT pg_cancel_backend(%s)", (pid,))
+        finishing.join(10)
+        other.close()
+        admin.close()
+    assert op.committer.commit(committable).status.name == "ALREADY_COMMITTED"
+    op.close()
+    assert table_rows(db) == [(1, 10)]
