@@ -182,6 +182,12 @@ class JobMaster:
             self._cancelled.set()
         self._attempt_failure: asyncio.Future | None = None
         self._exhausted: set[tuple[int, int]] = set()
+        self._source_keys = frozenset(
+            (v.vertex_id, i)
+            for v in graph.vertices.values()
+            if v.is_source
+            for i in range(v.parallelism)
+        )
         self._recovery_started: float | None = None
         self._run_refs: dict[tuple[int, int], Any] = {}
         self._spare: dict[tuple[int, int], Any] = {}
@@ -255,9 +261,10 @@ class JobMaster:
     async def source_exhausted(self, attempt: int, key: tuple[int, int]) -> None:
         if attempt != self.attempt:
             return
-        self._exhausted.add(key)
-        sources = {k for k in self.actors if self.graph.vertices[k[0]].is_source}
-        if self._exhausted >= sources and self.coordinator is not None:
+        if key in self._source_keys:
+            self._exhausted.add(key)
+        # counted, not compared as sets: called once by each source subtask
+        if len(self._exhausted) == len(self._source_keys) and self.coordinator is not None:
             self.coordinator.request_final()
 
     # --- the job ------------------------------------------------------------------------
