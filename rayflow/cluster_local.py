@@ -14,7 +14,7 @@ never finds the cluster by accident.
 What ``up`` started is recorded in a state file (each node's pid, process group and
 start time); ``down`` stops exactly that: SIGTERM to each recorded process group, SIGKILL
 to what is left of them after a grace period, then SIGKILL to any process left that runs
-out of the cluster's directory (the Ray worker processes of its nodes). It never
+in one of its nodes' Ray session directories (the Ray worker processes of its nodes). It never
 runs ``ray stop``, which stops every Ray instance on the machine, other people's too.
 
 Token authentication: Ray 2.x enables it for a new local cluster when a token exists in
@@ -277,8 +277,7 @@ class LocalCluster:
                 f"cluster {spec.name!r} is already up ({self.state_file}); "
                 f"`rayflow cluster down --name {spec.name}` first"
             )
-        if self.directory.exists():
-            shutil.rmtree(self.directory, ignore_errors=True)
+        self._clear_directory()
         (self.directory / "logs").mkdir(parents=True)
         self._ensure_token()
         gcs = f"127.0.0.1:{_free_port()}"
@@ -324,6 +323,24 @@ class LocalCluster:
             self.down(progress=lambda _: None)
             raise
         return state
+
+    def _clear_directory(self) -> None:
+        """Remove what an earlier cluster of this name left (logs, node temp dirs); a
+        directory holding anything else is not ours and is refused."""
+        if not self.directory.exists():
+            return
+        ours = re.compile(r"^(state\.json|state\.tmp|logs|head|w\d+)$")
+        foreign = [p.name for p in self.directory.iterdir() if not ours.match(p.name)]
+        if foreign:
+            raise RuntimeError(
+                f"{self.directory} holds files that are not a local cluster's "
+                f"({', '.join(sorted(foreign)[:5])}); choose another --dir or --name"
+            )
+        for path in self.directory.iterdir():
+            if path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
 
     @staticmethod
     def _wait_for(ready: Any, node: NodeRecord, timeout_s: float, what: str) -> None:
@@ -407,12 +424,15 @@ class LocalCluster:
         # a node's process group keeps its leader's pid as id, also after the leader
         # exited; a member must also be a Ray process (a recycled id is not ours)
         groups = {n.pid for n in state.nodes}
-        marker = state.directory.rstrip("/") + "/"
+        # a worker process names its node's session directory (--session-dir, sockets)
+        base = state.directory.rstrip("/")
+        markers = [f"{base}/{n.name}/session_" for n in state.nodes]
         me = os.getpid()
         return sorted(
             pid
             for pid, pgid, cmdline in _processes()
-            if pid != me and ((pgid in groups and "ray" in cmdline) or marker in cmdline)
+            if pid != me
+            and ((pgid in groups and "ray" in cmdline) or any(m in cmdline for m in markers))
         )
 
     def down(self, grace_s: float = 10.0, progress: Any = print) -> int:
