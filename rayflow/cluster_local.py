@@ -46,6 +46,10 @@ from typing import Any
 
 __all__ = ["ClusterSpec", "ClusterState", "LocalCluster", "NodeRecord", "add_subcommand"]
 
+#: ``ray`` of this Python: the nodes run the interpreter (and the Ray and rayflow installed
+#: in it) that runs ``rayflow cluster up``, whatever ``ray`` is first on the PATH
+RAY_CLI = [sys.executable, "-m", "ray.scripts.scripts"]
+
 #: what Ray needs to pass rayflow's 1 MiB messages inline on every node (see cluster/README.md)
 NODE_ENV = {"RAY_max_direct_call_object_size": str(1 << 20)}
 
@@ -232,7 +236,7 @@ class LocalCluster:
         if self.spec.auth != "token":
             return
         subprocess.run(
-            ["ray", "get-auth-token", "--generate"],
+            [*RAY_CLI, "get-auth-token", "--generate"],
             check=True,
             stdout=subprocess.DEVNULL,  # the token itself is never printed
             stderr=subprocess.DEVNULL,
@@ -242,7 +246,7 @@ class LocalCluster:
     def _start_node(self, name: str, args: list[str], num_cpus: float) -> NodeRecord:
         log = self.directory / "logs" / f"{name}.log"
         command = [
-            "ray",
+            *RAY_CLI,
             "start",
             "--block",
             "--node-ip-address=127.0.0.1",
