@@ -293,7 +293,7 @@ class JobPlacement:
             f"after {waited_s:.0f} s (placement group {self.name}, state "
             f"{table.get('state', 'unknown')}{scheduling}, strategy "
             f"{self.plan.strategy.value}): {shown}"
-            f"{more}. The cluster ({alive} nodes alive) has available {free}. Add nodes or "
+            f"{more}. Nodes alive: {alive}; available: {free}. Add nodes or "
             "resources, lower what set_resources asks for, or wait longer with "
             "env.set_placement(ready_timeout_s=...)"
         )
