@@ -555,8 +555,9 @@ class JobMaster:
         restore = await self._restore_point()
         self._exhausted = set()
         ids = await self._id_counter(restore) if settings.checkpointing else None
-        # every bundle placed (after a lost node, Ray moves its bundles elsewhere first)
-        await self.placement.ensure()
+        # every bundle placed (after a lost node, Ray moves its bundles elsewhere first);
+        # a cancel does not wait for that
+        await self._unless_cancelled(self.placement.ensure())
         await self._deploy(attempt, restore)
         loop = asyncio.get_running_loop()
         self._attempt_failure = loop.create_future()
@@ -621,6 +622,19 @@ class JobMaster:
         for (vertex_id, _), value in sorted(results.items()):
             outputs.setdefault(vertex_id, []).append(value)
         return outputs
+
+    async def _unless_cancelled(self, work: Any) -> Any:
+        """``await work``, unless the job is cancelled first (then JobCancelledError)."""
+        task = asyncio.ensure_future(work)
+        cancelled = asyncio.ensure_future(self._cancelled.wait())
+        try:
+            await asyncio.wait({task, cancelled}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            cancelled.cancel()
+        if task.done():
+            return task.result()
+        task.cancel()
+        raise JobCancelledError(f"job {self.settings.job_name!r} was cancelled")
 
     @staticmethod
     async def _root_cause(

@@ -110,6 +110,23 @@ def test_cancel_removes_the_placement_group(tmp_path):
     assert _left_behind(client.job_id) == ({}, [])
 
 
+def test_cancel_does_not_wait_for_bundles_that_cannot_be_placed():
+    env = StreamExecutionEnvironment.get_execution_environment().set_parallelism(1)
+    env.set_placement(ready_timeout_s=3600)
+    (
+        env.from_source(NumberSequenceSource(0, 999))
+        .map(lambda r: r)
+        .set_resources(resources={"rayflow_test_missing": 1})
+        .sink_to(CollectSink())
+    )
+    client = env.execute_async(unique_job("placement-cancel-waiting"))
+    deadline = time.time() + 60
+    while not job_placement_groups(client.job_id) and time.time() < deadline:
+        time.sleep(0.1)
+    assert client.cancel(timeout=120)  # a TimeoutError here: the cancel waited for bundles
+    assert _left_behind(client.job_id) == ({}, [])
+
+
 def test_placement_none_runs_without_a_placement_group():
     env, sink = build_keyed_sum(5000, 2, 1000, rate=None, checkpoint_ms=None)
     env.set_placement("NONE")
