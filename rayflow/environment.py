@@ -426,6 +426,14 @@ def _kill_job_actors(job_id: str, timeout_s: float = 30.0) -> None:
                 handles.append(handle)
             except Exception:  # noqa: BLE001 - already gone
                 pass
+    try:
+        _wait_until_dead(job_id, handles, timeout_s)
+    finally:
+        # also when some still answer: Ray kills what runs in a removed group
+        remove_job_placement_groups(job_id)
+
+
+def _wait_until_dead(job_id: str, handles: list[Any], timeout_s: float) -> None:
     deadline = time.time() + timeout_s
     for handle in handles:
         while True:
@@ -443,7 +451,6 @@ def _kill_job_actors(job_id: str, timeout_s: float = 30.0) -> None:
                     f"{timeout_s:g} s; not starting another one beside them"
                 )
             time.sleep(0.05)
-    remove_job_placement_groups(job_id)
 
 
 def _build_result(job_name: str, graph: JobGraph, raw: dict[str, Any]) -> JobResult:

@@ -344,7 +344,12 @@ def remove_job_placement_groups(job_id: str) -> int:
     from ray.util.placement_group import PlacementGroup, remove_placement_group
 
     removed = 0
-    for pg_id in job_placement_groups(job_id):
+    try:
+        groups = job_placement_groups(job_id)
+    except Exception as exc:  # noqa: BLE001 - GCS unreachable: Ray removes them with the job
+        log.warning("listing placement groups of job %s: %s", job_id, exc)
+        return 0
+    for pg_id in groups:
         try:
             remove_placement_group(PlacementGroup(PlacementGroupID(bytes.fromhex(pg_id))))
             removed += 1
