@@ -17,7 +17,8 @@ the next job master creates its own.
 
 Before each attempt deploys, every bundle must be placed: after a node is lost, Ray
 moves its bundles to other nodes once it has declared the node dead, and an attempt
-waits for that for at most ``ready_timeout_s``, then fails with the bundles it misses
+waits for that (also while Ray still counts a node as alive whose raylet no longer
+accepts connections) for at most ``ready_timeout_s``, then fails with the bundles it misses
 and what the cluster has left (the restart strategy decides what follows). While an
 attempt runs, a watch fails it the same way when bundles stay unplaced that long
 (subtasks waiting for a bundle would otherwise wait forever).
@@ -31,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+import socket
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -184,6 +186,26 @@ def _placed_bundles(table: dict[str, Any]) -> set[int]:
     }
 
 
+def _unreachable_nodes(node_ids: set[str], timeout_s: float = 1.0) -> set[str]:
+    """The nodes among ``node_ids`` that are dead, or whose raylet does not accept a
+    connection (gone, but not yet declared dead by Ray)."""
+    import ray
+
+    nodes = {n["NodeID"]: n for n in ray.nodes()}
+    unreachable = set()
+    for node_id in node_ids:
+        node = nodes.get(node_id)
+        if node is None or not node.get("Alive"):
+            unreachable.add(node_id)
+            continue
+        try:
+            address = (node["NodeManagerAddress"], int(node["NodeManagerPort"]))
+            socket.create_connection(address, timeout=timeout_s).close()
+        except (OSError, KeyError, ValueError):
+            unreachable.add(node_id)
+    return unreachable
+
+
 def _table(pg: Any) -> dict[str, Any]:
     from ray.util.placement_group import placement_group_table
 
@@ -202,6 +224,8 @@ class JobPlacement:
         self.job_name = job_name
         self.group: Any = None
         self._removed = False
+        self._ensured = False
+        self._reported: set[str] = set()
 
     @property
     def enabled(self) -> bool:
@@ -232,13 +256,34 @@ class JobPlacement:
             await asyncio.wait_for(self.group.ready(), timeout=timeout_s)
         except asyncio.TimeoutError:
             raise PlacementTimeoutError(await self._describe_unplaced(timeout_s)) from None
+        # After the first attempt a node may be gone that Ray has not yet declared dead
+        # (that takes its health checks ~15 s): its bundles still count as placed, and a
+        # subtask deployed into one would fail once more when Ray does. So the nodes of
+        # the bundles must also answer.
+        probe, self._ensured = self._ensured, True
         pause = 0.05
         while True:
             table = await asyncio.to_thread(_table, self.group)
+            unreachable: set[str] = set()
             if self._placed(table):
-                return
+                if not probe:
+                    return
+                nodes = {n for n in table["bundles_to_node_id"].values() if n}
+                unreachable = await asyncio.to_thread(_unreachable_nodes, nodes)
+                if not unreachable:
+                    return
+                if unreachable != self._reported:
+                    log.warning(
+                        "job %r: waiting for Ray to move placement bundles off nodes that do "
+                        "not answer: %s",
+                        self.job_name,
+                        sorted(n[:12] for n in unreachable),
+                    )
+                    self._reported = unreachable
             if time.monotonic() >= deadline:
-                raise PlacementTimeoutError(await self._describe_unplaced(timeout_s, table))
+                raise PlacementTimeoutError(
+                    await self._describe_unplaced(timeout_s, table, unreachable)
+                )
             await asyncio.sleep(pause)
             pause = min(pause * 2, 1.0)
 
@@ -268,7 +313,12 @@ class JobPlacement:
             if now - unplaced_since >= self.config.ready_timeout_s:
                 return await self._describe_unplaced(now - unplaced_since, table)
 
-    async def _describe_unplaced(self, waited_s: float, table: dict[str, Any] | None = None) -> str:
+    async def _describe_unplaced(
+        self,
+        waited_s: float,
+        table: dict[str, Any] | None = None,
+        unreachable: set[str] | None = None,
+    ) -> str:
         try:
             import ray
 
@@ -278,7 +328,12 @@ class JobPlacement:
         except Exception as exc:  # noqa: BLE001 - the message says less, that is all
             table, available, alive = table or {}, {"unknown": str(exc)}, "?"
         placed = _placed_bundles(table)
-        missing = [i for i in range(len(self.plan.bundles)) if i not in placed]
+        on_node = table.get("bundles_to_node_id", {})
+        missing = [
+            i
+            for i in range(len(self.plan.bundles))
+            if i not in placed or on_node.get(i) in (unreachable or ())
+        ]
         shown = "; ".join(
             f"bundle {i} {self.plan.bundles[i]} for {', '.join(self.plan.members[i][:3])}"
             for i in missing[:5]
@@ -288,6 +343,8 @@ class JobPlacement:
         job = f"job {self.job_name!r}: " if self.job_name else ""
         state = table.get("stats", {}).get("scheduling_state")
         scheduling = f" ({state})" if state else ""
+        if unreachable:
+            shown += f" (on nodes that do not answer: {sorted(n[:12] for n in unreachable)})"
         return (
             f"{job}{len(missing)} of {len(self.plan.bundles)} placement bundles not placed "
             f"after {waited_s:.0f} s (placement group {self.name}, state "
