@@ -53,6 +53,10 @@ def test_node_loss_with_s3_checkpoints_and_nothing_left_behind(tmp_path):
     assert loss["keyed_on_workers"]
     assert loss["removed"] and loss["nodes_alive"] == 2
     assert loss["restarts"] + loss["job_master_restarts"] >= 1
+    if not loss["master_on_victim"]:
+        # the restart waited for Ray to move the lost node's bundles instead of deploying
+        # into them and failing once more
+        assert loss["restarts"] == 1, loss["failures"]
     assert loss["checkpoints_on_s3"]
     assert loss["sums_exact"] and loss["keys"]
     assert loss["rows"] == loss["expected_rows"], "S3 output exactly once"
