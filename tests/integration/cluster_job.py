@@ -56,6 +56,14 @@ from tests.s3_server import S3Server, start_server  # noqa: E402
 P = 2
 BATCH = 5000
 
+#: the cluster's GCS address, for Ray's state API: without one it looks for "the latest"
+#: cluster on this machine, which may be another test's or another user's
+STATE_ADDRESS: str | None = None
+
+
+def actors(**kwargs):
+    return list_actors(address=STATE_ADDRESS, detail=True, limit=10_000, **kwargs)
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -93,7 +101,7 @@ def keyed_sum(
 
 def leftovers(job_id: str, job_name: str) -> dict[str, list]:
     """What of the job Ray still holds: live actors, detached actors, placement groups."""
-    alive = list_actors(filters=[("state", "=", "ALIVE")], detail=True, limit=10_000)
+    alive = actors(filters=[("state", "=", "ALIVE")])
     ours = [
         a.name
         for a in alive
@@ -119,11 +127,7 @@ def settled_leftovers(job_id: str, job_name: str, timeout_s: float = 30.0) -> di
 
 def subtask_actors(job_id: str) -> list:
     """Every subtask actor the job had, dead or alive (name, node, placement group)."""
-    return [
-        a
-        for a in list_actors(detail=True, limit=10_000)
-        if a.name.startswith(f"rayflow:{job_id}:v")
-    ]
+    return [a for a in actors() if a.name.startswith(f"rayflow:{job_id}:v")]
 
 
 def node_loss(cluster: Cluster, workers: list, s3: S3Server, rows: int) -> dict:
@@ -141,7 +145,7 @@ def node_loss(cluster: Cluster, workers: list, s3: S3Server, rows: int) -> dict:
         keyed = {m["node_id"] for m in metrics if m["vertex"].startswith("Sum")}
         masters = {
             a.node_id
-            for a in list_actors(filters=[("state", "=", "ALIVE")], detail=True, limit=10_000)
+            for a in actors(filters=[("state", "=", "ALIVE")])
             if a.name.startswith(f"rayflow:{client.job_id}:master")
         }
         hosts = [w for w in workers if w.node_id in keyed]
@@ -175,9 +179,9 @@ def node_loss(cluster: Cluster, workers: list, s3: S3Server, rows: int) -> dict:
     sums: dict[int, int] = {}
     for key, value in zip(table.column("key").to_pylist(), table.column("value").to_pylist()):
         sums[key] = value
-    actors = subtask_actors(client.job_id)
+    subtasks = subtask_actors(client.job_id)
     by_generation: dict[str, set] = {}
-    for a in actors:
+    for a in subtasks:
         generation = a.name.rsplit(":", 1)[1].split("-")[0]
         by_generation.setdefault(generation, set()).add(a.placement_group_id)
     deadline = time.time() + 60  # a node removed without notice is declared dead late
@@ -281,6 +285,8 @@ def main() -> int:
         cluster.add_node(num_cpus=2, resources={"worker": 100}),
         cluster.add_node(num_cpus=2, resources={"worker": 100}),
     ]
+    global STATE_ADDRESS
+    STATE_ADDRESS = cluster.address
     ray.init(address=cluster.address, logging_level="ERROR", log_to_driver=False)
     try:
         report = {"node_loss": node_loss(cluster, workers, s3, args.rows)}
