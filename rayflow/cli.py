@@ -20,6 +20,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 import rayflow
+from rayflow import cluster_local
 
 __all__ = ["main", "build_parser"]
 
@@ -214,6 +215,7 @@ _SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
     _add_demo,
     _add_checkpoints,
     _add_bench,
+    cluster_local.add_subcommand,
 )
 
 

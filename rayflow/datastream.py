@@ -14,6 +14,7 @@ import pyarrow as pa
 from rayflow.functions import KeyedProcessFunction
 from rayflow.plan.logical import InputEdge, Transformation, check_parallelism
 from rayflow.plan.partitioners import KeySelector, PartitionerSpec, PartitionKind
+from rayflow.plan.resources import ResourceSpec, check_slot_sharing_group
 from rayflow.runtime import operators as ops
 from rayflow.runtime.sink_operator import sink_operator_factory
 from rayflow.sink import Sink
@@ -70,6 +71,28 @@ class DataStream:
 
     def disable_chaining(self) -> DataStream:
         self._transformation.chainable = False
+        return self
+
+    def set_resources(
+        self,
+        num_cpus: float | None = None,
+        num_gpus: float | None = None,
+        memory: int | None = None,
+        resources: dict[str, float] | None = None,
+    ) -> DataStream:
+        """What each subtask of this operator asks of the cluster, like Ray's ``.options``:
+        CPUs, GPUs, bytes of memory and custom resources (``{"rayflow_node_w1": 0.01}``
+        pins it to a node started with that resource). Operators chained into one subtask
+        add up their requests; without any, a subtask reserves a token 0.001 CPU."""
+        _set_resources(self._transformation, num_cpus, num_gpus, memory, resources)
+        return self
+
+    def slot_sharing_group(self, name: str) -> DataStream:
+        """Subtask i of every operator in group ``name`` shares one placement bundle, so
+        they run on one node (Flink's slot sharing); operators downstream inherit the
+        group while all their inputs have it. Without a group every subtask has a bundle
+        of its own and the job's subtasks spread over the cluster's nodes."""
+        _set_slot_sharing_group(self._transformation, name)
         return self
 
     def get_name(self) -> str:
@@ -239,3 +262,37 @@ class DataStreamSink:
             owner, max_parallelism, "max parallelism"
         )
         return self
+
+    def set_resources(
+        self,
+        num_cpus: float | None = None,
+        num_gpus: float | None = None,
+        memory: int | None = None,
+        resources: dict[str, float] | None = None,
+    ) -> DataStreamSink:
+        """See :meth:`DataStream.set_resources`."""
+        _set_resources(self._transformation, num_cpus, num_gpus, memory, resources)
+        return self
+
+    def slot_sharing_group(self, name: str) -> DataStreamSink:
+        """See :meth:`DataStream.slot_sharing_group`."""
+        _set_slot_sharing_group(self._transformation, name)
+        return self
+
+
+def _set_resources(
+    transformation: Transformation,
+    num_cpus: float | None,
+    num_gpus: float | None,
+    memory: int | None,
+    resources: dict[str, float] | None,
+) -> None:
+    transformation.resources = ResourceSpec.of(
+        f"operator {transformation.name!r}: set_resources", num_cpus, num_gpus, memory, resources
+    )
+
+
+def _set_slot_sharing_group(transformation: Transformation, name: str) -> None:
+    transformation.slot_sharing_group = check_slot_sharing_group(
+        f"operator {transformation.name!r}", name
+    )

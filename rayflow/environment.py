@@ -26,6 +26,7 @@ from rayflow.keygroups import DEFAULT_MAX_PARALLELISM
 from rayflow.plan.checks import check_aggregations, check_picklable
 from rayflow.plan.logical import LogicalPlan, check_parallelism
 from rayflow.plan.physical import JobGraph, build_job_graph
+from rayflow.plan.resources import ResourceSpec
 from rayflow.runtime.channels import (
     DEFAULT_BUFFER_BYTES,
     DEFAULT_BUFFER_TIMEOUT_MS,
@@ -34,6 +35,12 @@ from rayflow.runtime.channels import (
 from rayflow.runtime.debloat import MIN_TARGET_MS
 from rayflow.runtime.job_master import JobMaster, _unwrap
 from rayflow.runtime.latency import DEFAULT_LATENCY_TRACKING_INTERVAL_MS, LatencyTracker
+from rayflow.runtime.placement import (
+    PlacementConfig,
+    PlacementPlan,
+    PlacementStrategy,
+    remove_job_placement_groups,
+)
 from rayflow.runtime.restore import check_channel_state
 from rayflow.runtime.run_lock import acquire_run_lock, release_run_lock
 from rayflow.runtime.settings import JobSettings
@@ -437,7 +444,9 @@ def _retry(call: Any, what: str, tries: int = 4) -> Any:
 
 def _kill_job_actors(job_id: str, timeout_s: float = 30.0) -> None:
     """Kill every actor of a job and wait until each is dead: the next job master must
-    not deploy next to subtasks of the old one that still write."""
+    not deploy next to subtasks of the old one that still write. Then remove the
+    placement groups of its job masters (Ray keeps those of a dead job master while
+    the driver lives)."""
     handles = []
     for actor in ray.util.list_named_actors(all_namespaces=True):
         if actor["name"].startswith(f"rayflow:{job_id}:"):
@@ -447,6 +456,14 @@ def _kill_job_actors(job_id: str, timeout_s: float = 30.0) -> None:
                 handles.append(handle)
             except Exception:  # noqa: BLE001 - already gone
                 pass
+    try:
+        _wait_until_dead(job_id, handles, timeout_s)
+    finally:
+        # also when some still answer: Ray kills what runs in a removed group
+        remove_job_placement_groups(job_id)
+
+
+def _wait_until_dead(job_id: str, handles: list[Any], timeout_s: float) -> None:
     deadline = time.time() + timeout_s
     for handle in handles:
         while True:
@@ -528,6 +545,7 @@ class StreamExecutionEnvironment:
         self._buffer_bytes = DEFAULT_BUFFER_BYTES
         self._channel_bytes = DEFAULT_CHANNEL_BYTES
         self._subtask_options: dict[str, Any] = {}
+        self._placement = PlacementConfig()
         self._checkpoint_config = CheckpointConfig()
         self._restart_strategy: RestartStrategy | None = None
         self._fault_plan = None
@@ -676,9 +694,39 @@ class StreamExecutionEnvironment:
         return self._debloat_target_ms
 
     def set_subtask_options(self, **options: Any) -> StreamExecutionEnvironment:
-        """Ray actor options for every subtask (``num_cpus``, ``scheduling_strategy``, ...)."""
+        """Ray actor options for every subtask (``runtime_env``, ...). Resource options
+        (``num_cpus``, ``num_gpus``, ``memory``, ``resources``) are every subtask's request
+        where its operators' ``set_resources`` leave a field unset; a
+        ``scheduling_strategy`` or ``placement_group`` of its own turns the job's
+        placement group off (see ``set_placement``)."""
+        ResourceSpec.of(
+            "set_subtask_options",
+            **{
+                k: options[k]
+                for k in ("num_cpus", "num_gpus", "memory", "resources")
+                if k in options
+            },
+        )
         self._subtask_options = options
         return self
+
+    def set_placement(
+        self,
+        strategy: PlacementStrategy | str = PlacementStrategy.SPREAD,
+        ready_timeout_s: float = 60.0,
+    ) -> StreamExecutionEnvironment:
+        """How the job's subtasks are placed on the cluster's nodes: one Ray placement
+        group per job, a bundle per subtask (or per slot sharing group and index), with
+        Ray's ``strategy``: SPREAD (the default: over as many nodes as have room), PACK,
+        STRICT_SPREAD, STRICT_PACK, or NONE (no placement group: Ray places each subtask
+        on its own). An attempt waits at most ``ready_timeout_s`` for every bundle to be
+        placed (after a node is lost, Ray moves its bundles once it declared the node
+        dead), then fails with what is missing."""
+        self._placement = PlacementConfig.of(strategy, ready_timeout_s)
+        return self
+
+    def get_placement(self) -> PlacementConfig:
+        return self._placement
 
     def set_warm_workers(
         self, max_workers: int = 16, keep_alive_s: float = 120.0
@@ -780,6 +828,7 @@ class StreamExecutionEnvironment:
         if not graph.vertices:
             raise ValueError("execute: the job has no operators; add a source and a sink")
         check_picklable(graph)  # here, not as Ray's error once the job deploys
+        PlacementPlan.of(graph, self._subtask_options, self._placement)  # checks the requests
         config = self._checkpoint_config
         settings = JobSettings(
             job_name=job_name,
@@ -793,6 +842,7 @@ class StreamExecutionEnvironment:
             channel_bytes=self._channel_bytes,
             debloat_target_ms=self._debloat_target_ms,
             subtask_options=dict(self._subtask_options),
+            placement=self._placement,
             checkpoint_config=config,
             restart_strategy=self._restart_strategy,
             hooks=self._fault_plan,

@@ -70,6 +70,17 @@ class S3Server:
         """Keyword arguments that point an S3FileSink at this server."""
         return {"endpoint_url": self.endpoint_url, **self.credentials}
 
+    def storage_options(self) -> dict[str, Any]:
+        """Keyword arguments that point S3 checkpoint storage (``pyarrow.fs.S3FileSystem``)
+        at this server: ``set_checkpoint_storage("s3://bucket/prefix", **these)``."""
+        return {
+            "endpoint_override": self.endpoint_url.split("://", 1)[1],
+            "scheme": "http",
+            "access_key": self.credentials["aws_access_key_id"],
+            "secret_key": self.credentials["aws_secret_access_key"],
+            "region": self.credentials["region_name"],
+        }
+
     def create_bucket(self, name: str | None = None) -> str:
         name = name or f"rayflow-{uuid.uuid4().hex[:16]}"
         self.client().create_bucket(Bucket=name)
@@ -134,6 +145,50 @@ def decode(data: bytes, fmt: str) -> pa.Table:
     raise ValueError(f"unknown format {fmt!r}")
 
 
+class _ResultRootTag:
+    """WSGI middleware: the answer to CompleteMultipartUpload has the root element AWS
+    documents, ``CompleteMultipartUploadResult``. Some moto versions name it
+    ``...Response``; boto3 does not mind, but Arrow's S3 client (``pyarrow.fs``, used by
+    S3 checkpoint storage) then reports the upload as failed."""
+
+    WRONG, RIGHT = b"CompleteMultipartUploadResponse", b"CompleteMultipartUploadResult"
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    def __call__(self, environ: dict, start_response: Any) -> Any:
+        query = environ.get("QUERY_STRING", "")
+        if environ.get("REQUEST_METHOD") != "POST" or "uploadId=" not in query:
+            return self.app(environ, start_response)
+        answer: list[Any] = []
+
+        def capture(status: str, headers: list, exc_info: Any = None) -> Any:
+            answer[:] = [status, headers, exc_info]
+            return lambda data: None
+
+        body = b"".join(self.app(environ, capture))
+        body = body.replace(b"<" + self.WRONG, b"<" + self.RIGHT)
+        body = body.replace(b"</" + self.WRONG + b">", b"</" + self.RIGHT + b">")
+        status, headers, exc_info = answer
+        headers = [(k, str(len(body)) if k.lower() == "content-length" else v) for k, v in headers]
+        start_response(status, headers, exc_info)
+        return [body]
+
+
+def _moto_server(port: int) -> Any:
+    from moto.server import DomainDispatcherApplication, ThreadedMotoServer, create_backend_app
+    from werkzeug.serving import make_server
+
+    class Server(ThreadedMotoServer):
+        def _server_entry(self) -> None:
+            app = _ResultRootTag(DomainDispatcherApplication(create_backend_app))
+            self._server = make_server(self._ip_address, self._port, app, True)
+            self._server_ready_event.set()
+            self._server.serve_forever()
+
+    return Server(ip_address="127.0.0.1", port=port, verbose=False)
+
+
 _lock = threading.Lock()
 _running: S3Server | None = None
 
@@ -143,11 +198,9 @@ def start_server() -> S3Server:
     global _running
     with _lock:
         if _running is None:
-            from moto.server import ThreadedMotoServer
-
             _quiet()
             port = _free_port()
-            server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+            server = _moto_server(port)
             server.start()
             _running = S3Server(f"http://127.0.0.1:{port}", _server=server)
             atexit.register(_running.stop)

@@ -206,8 +206,9 @@ class CheckpointCoordinator:
     def subtask_running(self, key: SubtaskKey) -> None:
         """A subtask restored its state and runs; checkpoints start once all of them do
         (a barrier sent earlier would wait in a starting actor's queue and time out)."""
-        self._running.add(key)
-        if self._running >= set(self.tasks):
+        if key in self.tasks:
+            self._running.add(key)
+        if len(self._running) == len(self.tasks):  # O(1): called once per subtask
             self._all_running.set()
 
     def request_final(self) -> None:

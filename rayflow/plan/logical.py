@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rayflow.plan.partitioners import PartitionerSpec
+from rayflow.plan.resources import ResourceSpec
 
 #: The largest max parallelism (Flink's limit: key groups are numbered in 15 bits).
 UPPER_MAX_PARALLELISM = 1 << 15
@@ -57,6 +58,11 @@ class Transformation:
     sink: Any = None
     operator_factory: Callable[[], Any] | None = None
     chainable: bool = True
+    #: what the operator asks of the cluster (``set_resources``); None: nothing
+    resources: ResourceSpec | None = None
+    #: subtasks of one group and index share a placement bundle (one node); None:
+    #: inherited from the inputs when they all have the same group
+    slot_sharing_group: str | None = None
 
     @property
     def display_name(self) -> str:

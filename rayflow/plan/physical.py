@@ -8,7 +8,11 @@ Translation from the logical plan:
   error;
 * a transformation is chained into its input's vertex when it has exactly one
   input, that edge is FORWARD, both have the same parallelism, the input has
-  no other consumer, and chaining is enabled for both.
+  no other consumer, both are in the same slot sharing group, and chaining is
+  enabled for both;
+* a transformation without a slot sharing group takes its inputs' group when they
+  all have the same one (as in Flink); a vertex's resource request is the sum of
+  its operators' (``set_resources``).
 
 Each subtask of a vertex numbers its input channels (see :meth:`JobGraph.input_channels`);
 the sender of a message names the channel index at the receiver.
@@ -22,6 +26,7 @@ from typing import Any
 
 from rayflow.plan.logical import InputEdge, LogicalPlan, Transformation
 from rayflow.plan.partitioners import PartitionerSpec, PartitionKind
+from rayflow.plan.resources import ResourceSpec
 
 
 class PlanError(ValueError):
@@ -60,6 +65,10 @@ class VertexSpec:
     sinks: list[Any] = field(default_factory=list)
     in_edges: list[int] = field(default_factory=list)
     out_edges: list[int] = field(default_factory=list)
+    #: what each subtask asks of the cluster: its chained operators' requests added up
+    resources: ResourceSpec = field(default_factory=ResourceSpec)
+    #: subtask i of every vertex of one group shares placement bundle i (one node)
+    slot_sharing_group: str | None = None
 
     @property
     def is_source(self) -> bool:
@@ -167,6 +176,11 @@ def build_job_graph(
                     "use rebalance() or equal parallelism"
                 )
 
+    group: dict[int, str | None] = {}
+    for t in real:
+        inherited = {group[edge.upstream] for edge in resolved_inputs[t.id]}
+        group[t.id] = t.slot_sharing_group or (inherited.pop() if len(inherited) == 1 else None)
+
     vertex_of: dict[int, int] = {}
     vertices: dict[int, VertexSpec] = {}
     edges: dict[int, EdgeSpec] = {}
@@ -181,6 +195,7 @@ def build_job_graph(
             and inputs[0].partitioner.kind is PartitionKind.FORWARD
             and consumer_count[upstream.id] == 1
             and parallelism[upstream.id] == parallelism[t.id]
+            and group[upstream.id] == group[t.id]
         )
         if chain_into:
             vertex = vertices[vertex_of[upstream.id]]
@@ -191,6 +206,7 @@ def build_job_graph(
                 name=t.name,
                 parallelism=parallelism[t.id],
                 max_parallelism=max_par[t.id],
+                slot_sharing_group=group[t.id],
             )
             vertices[vertex.vertex_id] = vertex
             for edge in inputs:
@@ -204,6 +220,7 @@ def build_job_graph(
                 vertex.in_edges.append(edge_spec.edge_id)
                 vertices[edge_spec.source_vertex].out_edges.append(edge_spec.edge_id)
         vertex_of[t.id] = vertex.vertex_id
+        vertex.resources = vertex.resources.plus(t.resources)
         uid = t.uid or f"{t.kind}-{t.id}"
         if t.kind == "source":
             vertex.source = t.source

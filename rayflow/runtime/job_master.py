@@ -40,6 +40,7 @@ from rayflow.errors import JobCancelledError, JobFailedError, OperatorError
 from rayflow.plan.physical import JobGraph
 from rayflow.runtime.deployer import Deployer
 from rayflow.runtime.hooks import HookPoint
+from rayflow.runtime.placement import JobPlacement, PlacementPlan
 from rayflow.runtime.run_lock import release_run_lock_of
 from rayflow.runtime.settings import JobSettings
 from rayflow.runtime.subtask import SubtaskActor, SubtaskDeployment
@@ -63,6 +64,21 @@ def subtask_max_concurrency(channels: int, send_window: int) -> int:
 def subtask_actor_name(job_id: str, vertex_id: int, index: int, incarnation: str) -> str:
     """Subtask actors are named, so tools (and tests) can find every actor of a job."""
     return f"rayflow:{job_id}:v{vertex_id}:s{index}:{incarnation}"
+
+
+def placement_group_name(job_id: str, generation: int) -> str:
+    """The placement group of one job master (named, so tools can find a job's groups)."""
+    return f"rayflow:{job_id}:pg:{generation}"
+
+
+def job_placement(graph: JobGraph, settings: JobSettings, generation: int) -> JobPlacement:
+    """The placement of one job master's run of ``graph`` (created by ``create()``)."""
+    return JobPlacement(
+        PlacementPlan.of(graph, settings.subtask_options, settings.placement),
+        settings.placement,
+        placement_group_name(settings.job_id, generation),
+        settings.job_name,
+    )
 
 
 def _unwrap(exc: BaseException) -> BaseException:
@@ -156,6 +172,7 @@ class JobMaster:
         self.coordinator: CheckpointCoordinator | None = None
         self.storage = settings.storage() if settings.checkpointing else None
         self.deployer = Deployer(graph, settings, self.storage)
+        self.placement = job_placement(graph, settings, self.generation)
         self.latest: CompletedCheckpoint | None = None
         self.ids: CheckpointIdCounter | None = None
         self.restored_from: int | None = None
@@ -165,6 +182,12 @@ class JobMaster:
             self._cancelled.set()
         self._attempt_failure: asyncio.Future | None = None
         self._exhausted: set[tuple[int, int]] = set()
+        self._source_keys = frozenset(
+            (v.vertex_id, i)
+            for v in graph.vertices.values()
+            if v.is_source
+            for i in range(v.parallelism)
+        )
         self._recovery_started: float | None = None
         self._run_refs: dict[tuple[int, int], Any] = {}
         self._spare: dict[tuple[int, int], Any] = {}
@@ -238,9 +261,10 @@ class JobMaster:
     async def source_exhausted(self, attempt: int, key: tuple[int, int]) -> None:
         if attempt != self.attempt:
             return
-        self._exhausted.add(key)
-        sources = {k for k in self.actors if self.graph.vertices[k[0]].is_source}
-        if self._exhausted >= sources and self.coordinator is not None:
+        if key in self._source_keys:
+            self._exhausted.add(key)
+        # counted, not compared as sets: called once by each source subtask
+        if len(self._exhausted) == len(self._source_keys) and self.coordinator is not None:
             self.coordinator.request_final()
 
     # --- the job ------------------------------------------------------------------------
@@ -266,8 +290,11 @@ class JobMaster:
     async def _run(self) -> dict[str, Any]:
         self.started_at = time.time()
         try:
+            self.placement.create()  # placed while the first attempt reads its storage
             outputs = await self._run_with_restarts()
         finally:
+            # every attempt and clean-up of this job master is over: its bundles go back
+            await self.placement.remove()
             self.finished_at = time.time()
             if self.supervisor.job_state.is_terminal:
                 # the run is over and cleaned up: the job name is free again, whether or
@@ -444,12 +471,22 @@ class JobMaster:
         restore = self.latest if latest is not None else None
         actors: dict[tuple[int, int], Any] = {}
         try:
+            try:
+                await self.placement.ensure()
+                in_group = True
+            except Exception as exc:  # noqa: BLE001 - clean up outside the group then
+                log.warning(
+                    "job %r: cleaning up outside its placement group: %s",
+                    self.settings.job_name,
+                    exc,
+                )
+                in_group = False
             for key in keys:
                 vertex = self.graph.vertices[key[0]]
                 deployment = self.deployer.deployment(
                     vertex, key[1], attempt, restore, outputs=[], master=self._me()
                 )
-                actors[key] = self._new_actor(key, deployment)
+                actors[key] = self._new_actor(key, deployment, in_group)
             results = await asyncio.gather(
                 *(
                     asyncio.wait_for(a.clean_up.remote(attempt, latest), 300)
@@ -518,6 +555,9 @@ class JobMaster:
         restore = await self._restore_point()
         self._exhausted = set()
         ids = await self._id_counter(restore) if settings.checkpointing else None
+        # every bundle placed (after a lost node, Ray moves its bundles elsewhere first);
+        # a cancel does not wait for that
+        await self._unless_cancelled(self.placement.ensure())
         await self._deploy(attempt, restore)
         loop = asyncio.get_running_loop()
         self._attempt_failure = loop.create_future()
@@ -548,20 +588,24 @@ class JobMaster:
             asyncio.ensure_future(self._measure_recovery(self._recovery_started))
             self._recovery_started = None
         cancel_task = asyncio.ensure_future(self._cancelled.wait())
+        placement_lost = asyncio.ensure_future(self.placement.watch())
         results: dict[tuple[int, int], Any] = {}
         pending = set(tasks)
         try:
             while pending:
                 done, pending = await asyncio.wait(
-                    pending | {cancel_task, self._attempt_failure},
+                    pending | {cancel_task, self._attempt_failure, placement_lost},
                     return_when=asyncio.FIRST_COMPLETED,
                 )
                 if cancel_task in done:
                     raise JobCancelledError(f"job {settings.job_name!r} was cancelled")
                 if self._attempt_failure in done:
                     raise _AttemptFailed(str(self._attempt_failure.result()))
+                if placement_lost in done:
+                    raise _AttemptFailed(placement_lost.result())
                 pending.discard(cancel_task)
                 pending.discard(self._attempt_failure)
+                pending.discard(placement_lost)
                 failures = [t.exception() for t in done if t.exception() is not None]
                 if failures:
                     raise await self._root_cause(failures, pending)
@@ -571,12 +615,26 @@ class JobMaster:
                         self.coordinator.subtask_ended(tasks[task])
         finally:
             cancel_task.cancel()
+            placement_lost.cancel()
             for task in pending:
                 task.cancel()
         outputs: dict[int, list[Any]] = {}
         for (vertex_id, _), value in sorted(results.items()):
             outputs.setdefault(vertex_id, []).append(value)
         return outputs
+
+    async def _unless_cancelled(self, work: Any) -> Any:
+        """``await work``, unless the job is cancelled first (then JobCancelledError)."""
+        task = asyncio.ensure_future(work)
+        cancelled = asyncio.ensure_future(self._cancelled.wait())
+        try:
+            await asyncio.wait({task, cancelled}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            cancelled.cancel()
+        if task.done():
+            return task.result()
+        task.cancel()
+        raise JobCancelledError(f"job {self.settings.job_name!r} was cancelled")
 
     @staticmethod
     async def _root_cause(
@@ -659,7 +717,8 @@ class JobMaster:
             checks = {
                 key: asyncio.ensure_future(self._reusable(a, attempt)) for key, a in actors.items()
             }
-            await asyncio.wait(checks.values(), timeout=10)
+            if checks:
+                await asyncio.wait(checks.values(), timeout=10)
             doomed = []
             for key, check in checks.items():
                 if check.done() and check.result():
@@ -751,7 +810,11 @@ class JobMaster:
     def _me() -> Any:
         return ray.get_runtime_context().current_actor
 
-    def _new_actor(self, key: tuple[int, int], deployment: SubtaskDeployment) -> Any:
+    def _new_actor(
+        self, key: tuple[int, int], deployment: SubtaskDeployment, in_group: bool = True
+    ) -> Any:
+        """A subtask's actor, in its bundle of the job's placement group (a restarted
+        subtask goes into the same bundle)."""
         self._incarnations += 1
         settings = self.settings
         channels = deployment.num_input_channels
@@ -760,5 +823,5 @@ class JobMaster:
                 settings.job_id, key[0], key[1], f"g{self.generation}-{self._incarnations}"
             ),
             max_concurrency=subtask_max_concurrency(channels, settings.send_window),
-            **settings.subtask_options,
+            **{**settings.subtask_options, **self.placement.actor_options(key, in_group)},
         ).remote(deployment)

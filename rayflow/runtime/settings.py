@@ -17,6 +17,7 @@ from rayflow.runtime.channels import (
 )
 from rayflow.runtime.hooks import RuntimeHooks
 from rayflow.runtime.latency import DEFAULT_LATENCY_TRACKING_INTERVAL_MS
+from rayflow.runtime.placement import PlacementConfig
 from rayflow.runtime.supervisor import RestartSupervisor, SupervisorState
 
 __all__ = ["JobSettings"]
@@ -41,6 +42,8 @@ class JobSettings:
     #: input; None when debloating is off
     debloat_target_ms: int | None = None
     subtask_options: dict[str, Any] = field(default_factory=dict)
+    #: the job's placement group: strategy and how long to wait for its bundles
+    placement: PlacementConfig = field(default_factory=PlacementConfig)
     checkpoint_config: CheckpointConfig = field(default_factory=CheckpointConfig)
     restart_strategy: RestartStrategy | None = None
     hooks: RuntimeHooks | None = None

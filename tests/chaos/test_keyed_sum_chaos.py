@@ -11,6 +11,7 @@ import pytest
 
 from rayflow import JobFailedError
 from rayflow.config import CheckpointingMode, RestartStrategies
+from rayflow.runtime.placement import job_placement_groups
 from rayflow.testing import Fault, FaultPlan, FaultPoint, wait_for_checkpoints
 from tests.chaos.harness import (
     build_keyed_sum,
@@ -117,9 +118,12 @@ def test_job_master_killed_between_commit_point_and_notification(tmp_path):
         ]
     )
     env, sink = build_keyed_sum(N, P, BATCH, storage=str(tmp_path), plan=plan)
-    result = env.execute(unique_job("master-kill"))
+    client = env.execute_async(unique_job("master-kill"))
+    result = client.wait()
     got = outcome(result, sink)
     assert result.job_master_restarts == 1
+    # the dead job master's placement group is removed with it, the new one's at the end
+    assert job_placement_groups(client.job_id) == {}
     assert result.restored_from is not None
     assert got.sums == expected_sums(N)
     assert got.rows == expected_rows(N, P, BATCH)

@@ -22,6 +22,7 @@ from rayflow import (
     StreamExecutionEnvironment,
     ValueStateDescriptor,
 )
+from rayflow.runtime.placement import job_placement_groups
 from rayflow.sink import Sink, SinkContext, SinkWriter
 from sinks.basic import CollectSink
 
@@ -221,9 +222,12 @@ def test_user_exception_names_operator_and_subtask_and_leaves_no_actor():
     assert "ZeroDivisionError: boom at 777" in message
     assert "in explode" in message  # the original traceback
     deadline = time.time() + 20
-    while _live_actors_of(client.job_id) and time.time() < deadline:
+    while (
+        _live_actors_of(client.job_id) or job_placement_groups(client.job_id)
+    ) and time.time() < deadline:
         time.sleep(0.2)
     assert _live_actors_of(client.job_id) == []
+    assert job_placement_groups(client.job_id) == {}
 
 
 def _live_actors_of(job_id: str) -> list[str]:
