@@ -684,6 +684,17 @@ class StreamExecutionEnvironment:
             raise TypeError(
                 f"set_failure_classifier: expected a function or None, got {classifier!r}"
             )
+        if classifier is not None:
+            import cloudpickle
+
+            try:
+                cloudpickle.dumps(classifier)
+            except Exception as exc:  # noqa: BLE001 - it must travel to every subtask
+                raise TypeError(
+                    f"set_failure_classifier: {classifier!r} cannot be pickled to go to the "
+                    f"job's subtasks ({type(exc).__name__}: {exc}); give a module-level "
+                    "function that captures nothing that cannot be pickled"
+                ) from None
         self._failure_classifier = classifier
         return self
 

@@ -103,6 +103,32 @@ def _operator_failure(error: OperatorError) -> Failure:
     )
 
 
+def failure_log(
+    job_name: str, attempt: int, cause: str, delay: float | None, state: SupervisorState
+) -> tuple[int, str]:
+    """The log level and line of a failure the supervisor just recorded: the first time a
+    failure happens in full (its traceback), the same failure again at WARNING only at its
+    2nd, 4th, 8th, ... time (and when the job gives up), in one line with its count."""
+    entry = state.history.latest
+    if delay is not None:
+        then = f"; restarting in {delay:g} s ({state.strategy.description})"
+    elif state.non_recoverable is not None:
+        then = f"; not restarting: no restart can fix it ({state.non_recoverable})"
+    elif state.state is JobState.FAILING:
+        then = f"; no restart left ({state.strategy.description})"
+    else:
+        then = ""
+    if entry is None or entry.count == 1:
+        return logging.WARNING, f"job {job_name!r} attempt {attempt} failed: {cause}{then}"
+    again = (
+        f"job {job_name!r} attempt {attempt} failed again the same way ({entry.count} times "
+        f"so far): {entry.failure.describe()}{then}"
+    )
+    if worth_logging(entry.count) or delay is None:
+        return logging.WARNING, again
+    return logging.DEBUG, again
+
+
 def _rss_bytes() -> int | None:
     try:
         import psutil
@@ -414,31 +440,10 @@ class JobMaster:
                 await self._restart_delay(delay)
 
     def _log_failure(self, attempt: int, cause: str, delay: float | None) -> None:
-        """The first time a failure happens it is logged in full (its traceback); the same
-        failure again only at its 2nd, 4th, 8th, ... time, in one line with its count."""
-        name, s = self.settings.job_name, self.supervisor.state
-        entry = s.history.latest
-        if delay is not None:
-            then = f"; restarting in {delay:g} s ({s.strategy.description})"
-        elif s.non_recoverable is not None:
-            then = f"; not restarting: no restart can fix it ({s.non_recoverable})"
-        elif s.state is JobState.FAILING:
-            then = f"; no restart left ({s.strategy.description})"
-        else:
-            then = ""
-        if entry is None or entry.count == 1:
-            log.warning("job %r attempt %d failed: %s%s", name, attempt, cause, then)
-        elif worth_logging(entry.count) or delay is None:
-            log.warning(
-                "job %r attempt %d failed again the same way (%d times so far): %s%s",
-                name,
-                attempt,
-                entry.count,
-                entry.failure.describe(),
-                then,
-            )
-        else:
-            log.debug("job %r attempt %d failed: %s", name, attempt, entry.failure.describe())
+        level, message = failure_log(
+            self.settings.job_name, attempt, cause, delay, self.supervisor.state
+        )
+        log.log(level, "%s", message)
 
     async def _persist_quietly(self) -> None:
         try:

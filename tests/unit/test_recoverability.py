@@ -237,3 +237,62 @@ def test_supervisor_folds_its_failures():
     assert entry.count == 5 and sup.state.failure_count == 5
     snap = pickle.loads(pickle.dumps(sup.snapshot()))
     assert snap.history.entries[0].count == 5
+
+
+def test_a_restart_loop_logs_its_traceback_once_then_a_line_at_2_4_8():
+    """49 restarts at the same record: one full failure (with its traceback), then one line
+    each at the 2nd, 4th, 8th, 16th and 32nd time; the rest at DEBUG."""
+    import logging
+
+    from rayflow.runtime.job_master import failure_log
+
+    sup = _unbounded()
+    sup.start_attempt()
+    cause = "operator 'Parse' (subtask 1/2) failed: ValueError: bad record 500\n--- tb ---\n..."
+    lines = []
+    for attempt in range(49):
+        delay = sup.on_failure(cause, FailureKind.ATTEMPT, float(attempt), _bad())
+        lines.append(failure_log("loop", attempt, cause, delay, sup.state))
+        sup.start_attempt()
+    shown = [text for level, text in lines if level >= logging.WARNING]
+    assert len(shown) == 6
+    assert sum("--- tb ---" in text for _, text in lines) == 1  # the traceback once
+    assert "failed again the same way (32 times so far)" in shown[-1]
+    assert "ValueError: bad record 500" in shown[-1] and "restarting in 1 s" in shown[-1]
+
+
+def test_a_job_master_taking_over_a_failing_run_keeps_the_reason():
+    """The job master dies after it classified a failure as not recoverable and recorded
+    FAILING: the client's takeover only cleans up, and fails with the same reason."""
+    sup = _unbounded()
+    sup.start_attempt()
+    failure = Failure(FailureKind.ATTEMPT, "PermissionError", "denied", "Out", 0, 1, "read-only")
+    assert sup.on_failure("PermissionError: denied", FailureKind.ATTEMPT, 1.0, failure) is None
+    # what JobClient._restart_master reads back from the run's storage
+    taken_over = RestartSupervisor(pickle.loads(pickle.dumps(sup.snapshot())))
+    assert taken_over.job_state is JobState.FAILING  # so it only cleans up
+    message = taken_over.failure_message("job")
+    assert "no restart can fix it (read-only)" in message
+    assert "cause: PermissionError: denied" in message
+    taken_over.begin_clean_up()
+    assert taken_over.state.restarts == 0
+    assert taken_over.state.history.entries[0].exception == "PermissionError"
+
+
+def test_a_classifier_that_cannot_be_pickled_is_refused_where_it_is_set():
+    import threading
+
+    from rayflow import StreamExecutionEnvironment
+
+    lock = threading.Lock()
+
+    def holds_a_lock(exc):
+        with lock:
+            return None
+
+    env = StreamExecutionEnvironment.get_execution_environment()
+    with pytest.raises(TypeError, match="cannot be pickled"):
+        env.set_failure_classifier(holds_a_lock)
+    with pytest.raises(TypeError, match="expected a function"):
+        env.set_failure_classifier("PermissionError")
+    env.set_failure_classifier(lambda exc: None)  # a lambda pickles (by value)
