@@ -59,8 +59,8 @@ def check_job(job_name: str, graph: JobGraph, config: CheckpointConfig) -> None:
         if vertex.source is not None:
             name = vertex.name.split(" -> ")[0]
             problems.extend(_run(_source_check(name, vertex.source)))
-        for sink in vertex.sinks:
-            problems.extend(_run(_sink_check(sink)))
+        for name, sink in _named_sinks(vertex):
+            problems.extend(_run(_sink_check(name, sink)))
     if config.is_checkpointing_enabled():
         problems.extend(_run(_storage_check(job_name, config)))
     if problems:
@@ -127,8 +127,23 @@ def _source_check(name: str, source: Any) -> Check | None:
 # --- sinks ------------------------------------------------------------------------------
 
 
-def _sink_check(sink: Any) -> Check | None:
-    label = f"sink {getattr(sink, '_rayflow_name', None) or '?'!r} ({type(sink).__name__})"
+def _named_sinks(vertex: Any) -> list[tuple[str, Any]]:
+    """Each sink of ``vertex`` with its operator's name."""
+    named: list[tuple[str, Any]] = []
+    for spec in vertex.operators:
+        sink = getattr(spec, "sink", None)
+        if sink is None:
+            args = getattr(spec.factory, "args", ())
+            sink = next((a for a in args if any(a is s for s in vertex.sinks)), None)
+        if sink is not None:
+            named.append((spec.name, sink))
+    seen = {id(s) for _, s in named}
+    named += [(type(s).__name__, s) for s in vertex.sinks if id(s) not in seen]
+    return named
+
+
+def _sink_check(name: str, sink: Any) -> Check | None:
+    label = f"sink {name!r} ({type(sink).__name__})"
     kind = _sink_kind(sink)
     if kind == "files":
         return lambda: _writable(label, sink.filesystem, sink.directory)
