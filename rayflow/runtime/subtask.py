@@ -158,6 +158,38 @@ class _BufferTimeout:
     """The buffer timeout expired: send what the output channels hold."""
 
 
+@dataclass(frozen=True)
+class _OperatorTimer:
+    """A timer an operator set (``OperatorContext.timers``) fired."""
+
+    attempt: int
+    position: int
+    token: Any
+
+
+class _OperatorTimers:
+    """``schedule(delay_s, token)``: the operator at ``position`` gets ``on_timer(token)``
+    on the mailbox after ``delay_s``. Thread-safe (a recover thread may set one)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, gate: Any, attempt: int, position: int):
+        self._loop = loop
+        self._gate = gate
+        self._attempt = attempt
+        self._position = position
+
+    def schedule(self, delay_s: float, token: Any) -> None:
+        gate, item = self._gate, _OperatorTimer(self._attempt, self._position, token)
+
+        def fire() -> None:
+            asyncio.ensure_future(gate.put_control(item))
+
+        def arm() -> None:
+            self._loop.call_later(max(0.0, delay_s), fire)
+
+        if not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(arm)
+
+
 @dataclass
 class _UnalignedSnapshot:
     """An unaligned snapshot whose channel state is still arriving."""
@@ -276,7 +308,9 @@ class SubtaskActor:
             )
             for o in deployment.outputs
         ]
-        #: when the armed buffer timeout fires (wall time), None when none is armed
+        #: the armed buffer timer, the only one (a sooner one cancels it), and when it
+        #: fires by the wall clock; None when none is armed or its flush was served
+        self._buffer_timer: asyncio.TimerHandle | None = None
         self._buffer_deadline: float | None = None
         #: the origin (see ``Bundle``) of the data being processed; 0.0: now
         self._origin = 0.0
@@ -290,6 +324,7 @@ class SubtaskActor:
         # what user functions print goes to the driver, prefixed (rayflow.runtime.output)
         self._output = capture_stdout(self._output_prefix)
         self._final_checkpoint: int | None = None
+        self._final_completed = False
         self._finished = False
         self._opened = False
         self._state_loaded = False
@@ -468,6 +503,7 @@ class SubtaskActor:
             self._drop_unaligned(checkpoint_id)
 
     async def _become(self, deployment: SubtaskDeployment) -> bool:
+        self._cancel_buffer_timer()  # the next attempt arms its own
         await self.gate.close()
         await self._cancel_async_parts()
         self.__init__(deployment)
@@ -584,8 +620,13 @@ class SubtaskActor:
     def _open(self) -> None:
         self._opened = True
         vertex = self.d.vertex
-        for spec, op in zip(vertex.operators, self.operators):
+        for position, (spec, op) in enumerate(zip(vertex.operators, self.operators)):
             self._current_operator = spec.name
+            timers = (
+                _OperatorTimers(self._loop, self.gate, self.attempt, position)
+                if self._loop is not None
+                else None
+            )
             op.open(
                 OperatorContext(
                     job_name=self.d.job_name,
@@ -599,6 +640,7 @@ class SubtaskActor:
                     checkpointing=self.d.checkpointing is not None,
                     fence=self.fence,
                     run_id=self.d.run_id,
+                    timers=timers,
                 )
             )
 
@@ -779,7 +821,7 @@ class SubtaskActor:
                 self.barriers.on_announcement(item.channel, item.barrier, item.position)
             )
         elif isinstance(item, _BufferTimeout):
-            self._buffer_deadline = None
+            self._cancel_buffer_timer()
             for writer in self.writers:
                 await writer.send_buffered()
         elif isinstance(item, _AlignmentTimer):
@@ -797,7 +839,13 @@ class SubtaskActor:
                 self._current_operator = spec.name
                 op.notify_checkpoint_complete(item.checkpoint_id)
             if self._final_checkpoint is not None and item.checkpoint_id >= self._final_checkpoint:
-                self._finished = True
+                self._final_completed = True
+            self._maybe_finish()
+        elif isinstance(item, _OperatorTimer):
+            if item.attempt == self.attempt:
+                self._current_operator = self.d.vertex.operators[item.position].name
+                self.operators[item.position].on_timer(item.token)
+                self._maybe_finish()
         elif isinstance(item, _Abort):
             await self.barriers.abort(item.checkpoint_id)
             self._drop_unaligned(item.checkpoint_id)
@@ -805,6 +853,11 @@ class SubtaskActor:
                 notify = getattr(op, "notify_checkpoint_aborted", None)
                 if notify is not None:
                     notify(item.checkpoint_id)
+
+    def _maybe_finish(self) -> None:
+        """The final checkpoint is complete and no operator has commits due: done."""
+        if self._final_completed and not any(op.commits_outstanding() for op in self.operators):
+            self._finished = True
 
     async def _process(self, batch: pa.RecordBatch, start: int = 0) -> None:
         batches = [batch]
@@ -930,15 +983,28 @@ class SubtaskActor:
         now = time.time()
         timeout = self.d.buffer_timeout_s
         deadline = min(max(origin + timeout, now), now + timeout)
-        if self._buffer_deadline is not None and self._buffer_deadline <= deadline:
+        loop = asyncio.get_running_loop()
+        # Compared on the loop's clock, which a wall clock set back or forth leaves alone.
+        when = loop.time() + (deadline - now)
+        if self._buffer_timer is not None and self._buffer_timer.when() <= when:
             return
+        # Superseded: left armed, it would send a buffer started after this one is served
+        # before that buffer's own deadline.
+        self._cancel_buffer_timer()
         self._buffer_deadline = deadline
         gate = self.gate
 
         def fire() -> None:
             asyncio.ensure_future(gate.put_control(_BufferTimeout()))
 
-        asyncio.get_running_loop().call_later(deadline - now, fire)
+        self._buffer_timer = loop.call_at(when, fire)
+
+    def _cancel_buffer_timer(self) -> None:
+        """No buffer timer armed any more (one that already fired has posted its flush)."""
+        if self._buffer_timer is not None:
+            self._buffer_timer.cancel()
+            self._buffer_timer = None
+        self._buffer_deadline = None
 
     def _schedule_alignment_timer(self, checkpoint_id: int, delay_s: float) -> None:
         gate = self.gate
