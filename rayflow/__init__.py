@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from rayflow.datastream import DataStream, DataStreamSink, KeyedStream
     from rayflow.environment import JobClient, JobResult, StreamExecutionEnvironment
     from rayflow.errors import ConcurrentRunError, JobCancelledError, JobFailedError, OperatorError
+    from rayflow.failures import FailureEntry
     from rayflow.functions import (
         FilterFunction,
         FlatMapFunction,
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
         RuntimeContext,
     )
     from rayflow.guarantees import DeliveryGuarantee
+    from rayflow.recoverability import NonRecoverableError
     from rayflow.sink import (
         CommitOutcome,
         CommitStatus,
@@ -105,6 +107,8 @@ _EXPORTS: dict[str, str] = {
     "JobCancelledError": "rayflow.errors",
     "ConcurrentRunError": "rayflow.errors",
     "OperatorError": "rayflow.errors",
+    "NonRecoverableError": "rayflow.recoverability",
+    "FailureEntry": "rayflow.failures",
 }
 
 __all__ = [
@@ -152,6 +156,8 @@ __all__ = [
     "JobCancelledError",
     "ConcurrentRunError",
     "OperatorError",
+    "NonRecoverableError",
+    "FailureEntry",
     "__version__",
 ]
 
@@ -175,10 +181,13 @@ _SUBMODULES = frozenset(
         "durability",
         "environment",
         "errors",
+        "failures",
         "functions",
         "guarantees",
         "inprocess",
         "keygroups",
+        "progress",
+        "recoverability",
         "sink",
         "sources",
         "state",

@@ -1,7 +1,9 @@
 """The ``rayflow`` command.
 
     rayflow run JOB.py [--address ADDR] [JOB ARGS...]   run a job script
+    rayflow run --example NAME [JOB ARGS...]             run an example that ships with rayflow
     rayflow demo [--sink s3|files|postgres ...]          the guarantees, side by side
+    rayflow checkpoints PATH [--endpoint-url URL ...]    list and inspect retained checkpoints
     rayflow bench alignment [--quick] [--out DIR]        run a benchmark
     rayflow --version
 
@@ -35,7 +37,8 @@ _EPILOG = """\
 examples:
   rayflow demo                                   3 guarantees, seeded kills, one table
   rayflow demo --sink files --records 1000000 --failures 5 --plot runs.png
-  rayflow run examples/orders.py --orders 50000  run a job script with its own args
+  rayflow run --example wordcount                the smallest job that ships with rayflow
+  rayflow run --example orders --orders 50000    an example job with its own args
   rayflow run --address auto my_job.py           join a running cluster (ray start --head)
   rayflow run my_job.py -- --address x           '--' passes the rest to the job unchanged
   rayflow bench alignment --quick                checkpoint alignment benchmark (~2 min)
@@ -47,12 +50,20 @@ run 'rayflow COMMAND --help' for the options of one command."""
 
 
 def _add_run(subparsers: argparse._SubParsersAction) -> None:
+    from rayflow import examples
+
     parser = subparsers.add_parser(
         "run",
         help="run a job script (python file) on Ray",
         description="Run a Python job script as __main__ with sys.argv = [JOB, *ARGS]. "
         "rayflow's own --address may come before JOB or right after it; every other "
-        "argument, and everything after '--', goes to the job.",
+        "argument, and everything after '--', goes to the job. While the job runs, rayflow "
+        "prints its job id, where its checkpoints go and its restart strategy, and on a "
+        "terminal a live status line. A job with checkpoints restarts forever by default "
+        "(Flink's default: fixed delay, 1 s); bound it in the job with "
+        "env.set_restart_strategy(RestartStrategies.fixed_delay_restart(3, 10_000)). "
+        "Failures no restart can fix (a read-only directory, a missing bucket or input "
+        "file, rejected credentials) fail the job at once.",
     )
     parser.add_argument(
         "--address",
@@ -60,7 +71,14 @@ def _add_run(subparsers: argparse._SubParsersAction) -> None:
         help="Ray cluster to join (sets RAY_ADDRESS for the job; "
         "default: $RAY_ADDRESS, else a local Ray)",
     )
-    parser.add_argument("job", metavar="JOB", help="path to the job's .py file")
+    parser.add_argument(
+        "--example",
+        metavar="NAME",
+        choices=examples.names(),
+        help=f"run an example that ships with rayflow instead of JOB: "
+        f"{', '.join(examples.names())}",
+    )
+    parser.add_argument("job", metavar="JOB", nargs="?", help="path to the job's .py file")
     parser.add_argument(
         "job_args", nargs=argparse.REMAINDER, metavar="ARGS", help="arguments for the job"
     )
@@ -77,6 +95,10 @@ def _split_run_argv(argv: list[str]) -> tuple[list[str], list[str]]:
         token = argv[i]
         if token == "--address":
             i += 2
+        elif token == "--example":
+            return argv[: i + 2], argv[i + 2 :]
+        elif token.startswith("--example="):
+            return argv[: i + 1], argv[i + 1 :]
         elif token.startswith("-"):
             i += 1  # --address=ADDR, -h, '--' or a mistake: argparse decides
         else:
@@ -105,13 +127,34 @@ def _split_job_args(args: list[str]) -> tuple[str | None, list[str]]:
 
 
 def _run(args: argparse.Namespace) -> int:
-    address, job_args = _split_job_args(args.job_args)
+    from rayflow import examples, progress
+    from rayflow.errors import JobFailedError
+    from rayflow.preflight import PreflightError
+    from rayflow.ray_connect import NoRayClusterError, check_address
+
+    job_args = list(args.job_args)
+    if args.example is not None:
+        if args.job is not None:
+            job_args.insert(0, args.job)  # with --example, what follows goes to the job
+        path = examples.path_of(args.example)
+    elif args.job is None:
+        return _fail("run", f"give a JOB file, or --example NAME ({', '.join(examples.names())})")
+    else:
+        path = args.job
+    address, job_args = _split_job_args(job_args)
     address = address or args.address
-    path = args.job
     if not os.path.exists(path):
-        return _fail("run", f"no such job file: {path!r}")
+        hint = ""
+        stem = os.path.splitext(os.path.basename(path))[0]
+        if stem in examples.names():
+            hint = f"; to run the example that ships with rayflow: rayflow run --example {stem}"
+        return _fail("run", f"no such job file: {path!r}{hint}")
     if os.path.isdir(path) and not os.path.isfile(os.path.join(path, "__main__.py")):
         return _fail("run", f"{path!r} is a directory without a __main__.py")
+    try:
+        check_address(address or os.environ.get("RAY_ADDRESS") or "local")
+    except NoRayClusterError as exc:
+        return _fail("run", str(exc))
     if address:
         os.environ["RAY_ADDRESS"] = address
     saved_argv, saved_path = sys.argv, list(sys.path)
@@ -119,9 +162,15 @@ def _run(args: argparse.Namespace) -> int:
     # like `python JOB.py`: the script's directory comes first on sys.path
     if os.path.isfile(path):
         sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
+    progress.enable()
     try:
         runpy.run_path(path, run_name="__main__")
+    except (JobFailedError, PreflightError, NoRayClusterError) as exc:
+        # rayflow's own verdict on the job says everything: no traceback into rayflow
+        print(f"rayflow run: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
     finally:
+        progress.enable(False)
         sys.argv, sys.path[:] = saved_argv, saved_path
     return 0
 
@@ -148,8 +197,12 @@ def _add_demo(subparsers: argparse._SubParsersAction) -> None:
 
 def _demo(args: argparse.Namespace) -> int:
     from rayflow import demo
+    from rayflow.ray_connect import NoRayClusterError
 
-    return demo.run(args)
+    try:
+        return demo.run(args)
+    except NoRayClusterError as exc:
+        return _fail("demo", str(exc))
 
 
 # --- rayflow checkpoints -----------------------------------------------------------------
@@ -162,21 +215,41 @@ def _add_checkpoints(subparsers: argparse._SubParsersAction) -> None:
         description="List the completed checkpoints of every run of a job (PATH is the job's "
         "checkpoint directory, e.g. /tmp/rayflow-checkpoints/<job>), of one run (PATH is a "
         "run-<...> directory in it) or inspect one (PATH ends in chk-<n>): id, completion "
-        "time, size, and the state size of every operator.",
+        "time, size, and the state size of every operator. PATH may also be the storage "
+        "root (the jobs in it are listed), and an s3://bucket/prefix/... URI: credentials "
+        "come from the environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, ...).",
     )
     parser.add_argument(
-        "path", help="a job's checkpoint directory, one of its run directories, or one chk-<n>"
+        "path",
+        help="a job's checkpoint directory, one of its run directories, one chk-<n>, or the "
+        "storage root (default storage: /tmp/rayflow-checkpoints)",
+    )
+    parser.add_argument(
+        "--endpoint-url",
+        metavar="URL",
+        help="S3 endpoint for s3:// paths (default: $AWS_ENDPOINT_URL, else AWS)",
+    )
+    parser.add_argument(
+        "--region",
+        metavar="REGION",
+        help="S3 region for s3:// paths (default: $AWS_REGION / $AWS_DEFAULT_REGION)",
     )
     parser.set_defaults(handler=_checkpoints)
 
 
 def _checkpoints(args: argparse.Namespace) -> int:
-    from rayflow.checkpoint.inspect import describe
+    from rayflow.checkpoint.inspect import describe, storage_options_from_environment
+    from rayflow.checkpoint.metadata import UnsupportedMetadataVersion
 
+    if (args.endpoint_url or args.region) and not args.path.startswith("s3://"):
+        return _fail("checkpoints", "--endpoint-url and --region are for s3:// paths")
+    options = storage_options_from_environment(args.path, args.endpoint_url, args.region)
     try:
-        print(describe(args.path))
-    except FileNotFoundError as exc:
+        print(describe(args.path, options))
+    except (FileNotFoundError, UnsupportedMetadataVersion) as exc:
         return _fail("checkpoints", str(exc))
+    except OSError as exc:  # the store refused or could not be reached
+        return _fail("checkpoints", f"{args.path}: {exc}")
     return 0
 
 

@@ -196,6 +196,10 @@ class _NoRestart(RestartStrategy):
     pass
 
 
+def _attempts(count: float) -> str:
+    return "unlimited attempts" if math.isinf(count) else f"{count:g} attempts"
+
+
 @dataclass
 class _FixedDelay(RestartStrategy):
     attempts: float
@@ -204,7 +208,7 @@ class _FixedDelay(RestartStrategy):
 
     @property
     def description(self) -> str:  # type: ignore[override]
-        return f"fixed delay ({self.attempts} attempts, {self.delay_s:g} s apart)"
+        return f"fixed delay ({_attempts(self.attempts)}, {self.delay_s:g} s apart)"
 
     def next_delay_s(self, failure_time: float) -> float | None:
         if self._used >= self.attempts:
@@ -228,7 +232,7 @@ class _ExponentialDelay(RestartStrategy):
     def description(self) -> str:  # type: ignore[override]
         return (
             f"exponential delay ({self.initial_s:g} s x{self.multiplier:g} up to "
-            f"{self.max_s:g} s, {self.attempts} attempts)"
+            f"{self.max_s:g} s, {_attempts(self.attempts)})"
         )
 
     def next_delay_s(self, failure_time: float) -> float | None:

@@ -8,6 +8,7 @@ local Ray) and returns a :class:`JobResult`; ``execute_async`` returns a
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 import uuid
@@ -16,17 +17,21 @@ from typing import Any
 
 import ray
 
+from rayflow import preflight, progress
 from rayflow.checkpoint.metadata import CheckpointMetadata
 from rayflow.checkpoint.storage import JobStorage, new_run_id, open_checkpoint_path
 from rayflow.config import CheckpointConfig, CheckpointingMode, RestartStrategy
 from rayflow.datastream import DataStream
 from rayflow.errors import JobCancelledError, JobFailedError
+from rayflow.failures import FailureEntry
 from rayflow.guarantees import CheckpointingFacts, GuaranteeResolution
 from rayflow.keygroups import DEFAULT_MAX_PARALLELISM
 from rayflow.plan.checks import check_aggregations, check_picklable
 from rayflow.plan.logical import LogicalPlan, check_parallelism
 from rayflow.plan.physical import JobGraph, build_job_graph
 from rayflow.plan.resources import ResourceSpec
+from rayflow.ray_connect import check_address, quiet_local_start
+from rayflow.recoverability import FailureClassifier
 from rayflow.runtime.channels import (
     DEFAULT_BUFFER_BYTES,
     DEFAULT_BUFFER_TIMEOUT_MS,
@@ -76,10 +81,15 @@ def ensure_ray(address: str | None = None, log_to_driver: bool = True) -> None:
     ``RAY_max_direct_call_object_size=1048576`` in the environment of ``ray start`` on
     every node for the same effect (a joining driver cannot change it).
     ``log_to_driver=False`` keeps the actors' log lines out of this process's output
-    (they stay in Ray's log files)."""
+    (they stay in Ray's log files). An address where nothing answers fails within
+    seconds (:class:`~rayflow.ray_connect.NoRayClusterError`)."""
     if ray.is_initialized():
         return
     address = address or os.environ.get("RAY_ADDRESS") or "local"
+    if address == "local":
+        quiet_local_start()
+    else:
+        check_address(address)
     kwargs: dict[str, Any] = {
         "address": address,
         "logging_level": "WARNING",
@@ -120,6 +130,8 @@ class JobResult:
     latency: dict[str, float] = field(default_factory=dict)
     #: a bounded uniform sample of those latencies in milliseconds (for a CDF)
     latency_samples_ms: list[float] = field(default_factory=list)
+    #: every failure of the run, the same ones folded with a count
+    failure_history: list[FailureEntry] = field(default_factory=list)
     #: each sink object of the job with its operator name (``sink_result(sink)``)
     sink_names: list[tuple[Sink, str]] = field(default_factory=list, repr=False, compare=False)
     #: what each sink gave in this job (``GuaranteeResolution`` by operator name)
@@ -162,6 +174,11 @@ class JobResult:
         return sum(m["records_in"] for m in self.metrics if m["vertex"].startswith(vertex_prefix))
 
 
+class JobWaitTimeout(ray.exceptions.GetTimeoutError):
+    """``JobClient.wait(timeout)`` ran out; the job keeps running. A ``TimeoutError`` (and,
+    for code written against earlier versions, Ray's ``GetTimeoutError``)."""
+
+
 class JobClient:
     """A handle on a running job.
 
@@ -196,7 +213,11 @@ class JobClient:
         self._clean_up_masters = 0
         self._failure: str | None = None
         self._outcome: BaseException | None = None
+        self._history: list[FailureEntry] | None = None  # kept once the run is over
+        self._reporter = progress.reporter()
         self._start_master()
+        if self._reporter is not None:
+            self._reporter.job_started(self)
 
     def _start_master(self) -> None:
         generation = settings_generation(self._settings)
@@ -273,7 +294,20 @@ class JobClient:
         try:
             return JobState(ray.get(self._master.status.remote())["state"])
         except ray.exceptions.RayActorError:
+            if self._cancel_requested:
+                return JobState.CANCELLING  # its job master is gone: being cleaned up
             return JobState.RESTARTING if self._settings.checkpointing else JobState.FAILED
+
+    def failure_history(self) -> list[FailureEntry]:
+        """Every failure of the run so far, most recent last; the same failure (operator,
+        subtask, exception type and message) is one entry with a count and the times
+        of its first and last occurrence."""
+        if self._history is not None:
+            return list(self._history)
+        try:
+            return list(ray.get(self._master.status.remote(), timeout=30)["failure_history"])
+        except Exception:  # noqa: BLE001 - the job master is being replaced
+            return []
 
     def _master_status(self) -> dict[str, Any]:
         return ray.get(self._master.status.remote())
@@ -305,7 +339,7 @@ class JobClient:
             pass  # wait() below lets a new job master finish the cancel
         try:
             self.wait(timeout)
-        except ray.exceptions.GetTimeoutError:
+        except TimeoutError:
             raise TimeoutError(
                 f"job {self.job_name!r} is still cancelling after {timeout:g} s; "
                 "wait() returns when it is done"
@@ -318,7 +352,12 @@ class JobClient:
         return False
 
     def wait(self, timeout: float | None = None) -> JobResult:
-        """Block until the job ends; raises :class:`~rayflow.errors.JobFailedError` if it failed."""
+        """Block until the job ends and return its result; raises
+        :class:`~rayflow.errors.JobFailedError` if it failed, and ``TimeoutError``
+        (naming the job, which keeps running) when ``timeout`` seconds pass first.
+
+        While it waits, what the job's functions print is printed here (prefixed with
+        operator and subtask); all of it is printed before this returns or raises."""
         if self._result is not None:
             return self._result
         if self._outcome is not None:
@@ -329,10 +368,17 @@ class JobClient:
             remaining = None if deadline is None else max(0.0, deadline - time.time())
             ref = self._run_ref
             try:
-                raw = ray.get(ref, timeout=remaining)
+                raw = ray.get(ref, timeout=POLL_S if remaining is None else min(POLL_S, remaining))
                 break
             except ray.exceptions.GetTimeoutError:
-                raise
+                if deadline is not None and time.time() >= deadline:
+                    raise JobWaitTimeout(
+                        f"job {self.job_name!r} (job id {self.job_id}) is still "
+                        f"{self._state_word()} after {timeout:g} s; it keeps running: "
+                        "wait() again, or cancel() it"
+                    ) from None
+                self._poll()
+                continue
             except ray.exceptions.ActorUnavailableError as exc:
                 # Unreachable for now (a network blip, or a node not yet declared dead). The
                 # failed call keeps its error: ask the job master again with a fresh call.
@@ -348,18 +394,67 @@ class JobClient:
             except ray.exceptions.RayActorError as exc:
                 self._take_over(ref, exc)
             except Exception as exc:
-                self._release()
                 cause = _unwrap(exc)
                 if self._failure is not None and isinstance(cause, JobCancelledError):
                     cause = JobFailedError(self._failure)  # cleaned up after a final failure
                 self._state = (
                     JobState.CANCELED if isinstance(cause, JobCancelledError) else JobState.FAILED
                 )
+                self._history = getattr(cause, "failure_history", None) or self.failure_history()
+                self._write_output(self._drain_output())
+                self._release()
+                self._report_end(str(cause).strip().splitlines()[0] if str(cause) else "")
                 raise cause from None
+        lines = self._drain_output()  # what ended attempts printed
+        lines.extend(line for o in raw["outputs"].values() for s in o for line in s["output"])
+        self._write_output(lines)
         self._release()
         self._result = _build_result(self.job_name, self._graph, raw)
         self._result.guarantees = dict(self._guarantees)
+        self._history = self._result.failure_history
+        self._report_end()
         return self._result
+
+    # --- what the driver shows while it waits ----------------------------------------------
+
+    def _state_word(self) -> str:
+        try:
+            return ray.get(self._master.status.remote(), timeout=5)["state"].value
+        except Exception:  # noqa: BLE001 - busy or being replaced
+            return "running"
+
+    def _poll(self) -> None:
+        """Print what the job's functions printed since the last poll; redraw the
+        progress line (when on)."""
+        self._write_output(self._drain_output())
+        if self._reporter is not None:
+            self._reporter.tick(self)
+
+    def _drain_output(self) -> list[str]:
+        try:
+            return ray.get(self._master.drain_output.remote(), timeout=30)
+        except Exception:  # noqa: BLE001 - the job master is gone or replaced: none to show
+            return []
+
+    def _write_output(self, lines: list[str]) -> None:
+        if not lines:
+            return
+        if self._reporter is not None:
+            self._reporter.write_output(lines)
+            return
+        sys.stdout.write("".join(line + "\n" for line in lines))
+        sys.stdout.flush()
+
+    def _progress_snapshot(self) -> dict[str, Any] | None:
+        try:
+            return ray.get(self._master.progress.remote(), timeout=10)
+        except Exception:  # noqa: BLE001 - restarting: skip this tick
+            return None
+
+    def _report_end(self, detail: str = "") -> None:
+        if self._reporter is not None:
+            state = self._state.value if self._state is not None else JobState.FINISHED.value
+            self._reporter.job_ended(self, state, detail)
 
     get_job_execution_result = wait
 
@@ -372,12 +467,12 @@ class JobClient:
             try:
                 restarted = self._restart_master(exc)
             except BaseException:
-                self._release()
                 self._state = JobState.FAILED
+                self._release()
                 raise
         if not restarted:
-            self._release()
             self._state = JobState.FAILED
+            self._release()
             raise JobFailedError(
                 self._failure or f"job {self.job_name!r} failed: its job master died ({exc})"
             ) from None
@@ -423,6 +518,10 @@ def settings_generation(settings: JobSettings) -> int:
 
 #: an unreachable job master is taken for lost after this long
 MASTER_UNREACHABLE_S = 60.0
+
+#: while waiting for a job, the driver polls its job master this often (for what the
+#: job's functions print, and the progress line)
+POLL_S = 1.0
 
 #: job masters started only to finish a cancel or a final failure's clean-up, at most
 MAX_CLEAN_UP_MASTERS = 3
@@ -520,6 +619,7 @@ def _build_result(job_name: str, graph: JobGraph, raw: dict[str, Any]) -> JobRes
         checkpoint_summary=raw["checkpoint_summary"],
         latency=latency.figures(),
         latency_samples_ms=latency.samples_ms(),
+        failure_history=list(raw.get("failure_history", [])),
         sink_names=[(spec.sink, spec.name) for spec in graph.sink_specs()],
         sink_guarantees=dict(graph.sink_guarantees()),
     )
@@ -550,6 +650,8 @@ class StreamExecutionEnvironment:
         self._restart_strategy: RestartStrategy | None = None
         self._fault_plan = None
         self._warm_workers = WarmWorkerConfig()
+        self._failure_classifier: FailureClassifier | None = None
+        self._preflight_checks = True
 
     @staticmethod
     def get_execution_environment() -> StreamExecutionEnvironment:
@@ -588,8 +690,47 @@ class StreamExecutionEnvironment:
         return self._checkpoint_config.interval_ms
 
     def set_restart_strategy(self, strategy: RestartStrategy) -> StreamExecutionEnvironment:
-        """See :class:`~rayflow.config.RestartStrategies`."""
+        """See :class:`~rayflow.config.RestartStrategies`. Without one, a job with
+        checkpoints restarts forever, 1 s apart (Flink's default); one without never
+        restarts. Failures that no restart can fix fail the job at once either way
+        (see ``set_failure_classifier``)."""
+        if not isinstance(strategy, RestartStrategy):
+            raise TypeError(
+                "set_restart_strategy: expected a RestartStrategy (from RestartStrategies), "
+                f"got {type(strategy).__name__}"
+            )
         self._restart_strategy = strategy
+        return self
+
+    def set_failure_classifier(
+        self, classifier: FailureClassifier | None
+    ) -> StreamExecutionEnvironment:
+        """Decide which failures a restart can fix (see :mod:`rayflow.recoverability`):
+        ``classifier(exc)`` returns True (restart as the strategy says), False (fail the
+        job now) or None (the default rules: read-only or missing paths, missing buckets
+        and rejected credentials are not recoverable). None restores the defaults."""
+        if classifier is not None and not callable(classifier):
+            raise TypeError(
+                f"set_failure_classifier: expected a function or None, got {classifier!r}"
+            )
+        if classifier is not None:
+            import cloudpickle
+
+            try:
+                cloudpickle.dumps(classifier)
+            except Exception as exc:  # noqa: BLE001 - it must travel to every subtask
+                raise TypeError(
+                    f"set_failure_classifier: {classifier!r} cannot be pickled to go to the "
+                    f"job's subtasks ({type(exc).__name__}: {exc}); give a module-level "
+                    "function that captures nothing that cannot be pickled"
+                ) from None
+        self._failure_classifier = classifier
+        return self
+
+    def set_preflight_checks(self, enabled: bool) -> StreamExecutionEnvironment:
+        """Check input paths, output directories, buckets and checkpoint storage on the
+        driver before the job deploys (on by default; see :mod:`rayflow.preflight`)."""
+        self._preflight_checks = bool(enabled)
         return self
 
     def disable_operator_chaining(self) -> StreamExecutionEnvironment:
@@ -846,7 +987,10 @@ class StreamExecutionEnvironment:
             checkpoint_config=config,
             restart_strategy=self._restart_strategy,
             hooks=self._fault_plan,
+            failure_classifier=self._failure_classifier,
         )
+        if self._preflight_checks:
+            preflight.check_job(job_name, graph, config)  # before Ray starts
         ensure_ray()
         warm_workers.job_starting()
         warm = self._warm_workers if not settings.subtask_options.get("runtime_env") else None

@@ -16,14 +16,24 @@ __all__ = [
 
 
 class OperatorError(RuntimeError):
-    """User code in one operator subtask raised; carries the original traceback text."""
+    """User code in one operator subtask raised; carries the original traceback text, and
+    why no restart can fix it (``non_recoverable``; None when a restart may)."""
 
-    def __init__(self, operator: str, subtask: int, parallelism: int, cause: str, tb: str):
+    def __init__(
+        self,
+        operator: str,
+        subtask: int,
+        parallelism: int,
+        cause: str,
+        tb: str,
+        non_recoverable: str | None = None,
+    ):
         self.operator = operator
         self.subtask = subtask
         self.parallelism = parallelism
         self.cause = cause
         self.traceback_text = tb
+        self.non_recoverable = non_recoverable
         super().__init__(
             f"operator {operator!r} (subtask {subtask + 1}/{parallelism}) failed: {cause}\n"
             f"--- original traceback ---\n{tb}"
@@ -32,7 +42,14 @@ class OperatorError(RuntimeError):
     def __reduce__(self):
         return (
             OperatorError,
-            (self.operator, self.subtask, self.parallelism, self.cause, self.traceback_text),
+            (
+                self.operator,
+                self.subtask,
+                self.parallelism,
+                self.cause,
+                self.traceback_text,
+                self.non_recoverable,
+            ),
         )
 
 

@@ -18,6 +18,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from rayflow.recoverability import MissingInputError
+
 __all__ = [
     "Source",
     "SourceSplit",
@@ -376,6 +378,10 @@ class _FileReader(_SequentialReader):
             fs = self._source.filesystem()
             try:
                 table = _read_table(fs, split.path, self._source.format)
+            except FileNotFoundError as exc:
+                raise MissingInputError(
+                    f"FileSource: {split.path!r} is gone (it was there when the job started)"
+                ) from exc
             except Exception as exc:
                 raise ValueError(
                     f"FileSource: cannot read {split.path!r} as {self._source.format}: {exc}"
@@ -442,7 +448,7 @@ class FileSource(Source):
         fs, root = self._resolve()
         info = fs.get_file_info(root)
         if info.type == pafs.FileType.NotFound:
-            raise FileNotFoundError(f"FileSource: no such file or directory: {self.path!r}")
+            raise MissingInputError(f"FileSource: no such file or directory: {self.path!r}")
         if info.type == pafs.FileType.File:
             paths = [root]
         else:

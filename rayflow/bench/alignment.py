@@ -61,9 +61,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import ray
 
+from rayflow.argtypes import float_at_least, int_at_least
 from rayflow.config import CheckpointingMode, RestartStrategies
 from rayflow.environment import JobResult, StreamExecutionEnvironment
 from rayflow.guarantees import DeliveryGuarantee
+from rayflow.runtime.debloat import MIN_TARGET_MS
 from rayflow.sink import Sink, SinkContext, SinkWriter
 from rayflow.sources import NumberSequenceSource
 from rayflow.status import CheckpointStatus
@@ -307,7 +309,7 @@ def execute_collecting(
         try:
             result = client.wait(timeout=poll_s)
             break
-        except ray.exceptions.GetTimeoutError:
+        except TimeoutError:
             try:
                 recent = client.checkpoints()
             except ray.exceptions.RayError:  # the job master ending: the result has the rest
@@ -684,14 +686,14 @@ def write_summary(
 
 #: Options that override a ``Settings`` field: (name, type, help).
 _OPTIONS = (
-    ("rows", int, "balanced rows at a 1 s interval (x the interval above 1 s)"),
-    ("skew_rows", int, "rows of a skewed job at parallelism 2 (x parallelism / 2)"),
-    ("repeat", int, "interleaved rounds over every configuration"),
-    ("check_runs", int, "runs of each configuration of the off vs aligned check"),
-    ("hot_cost_us", float, "sleep per hot-key row under skew, microseconds"),
-    ("aligned_timeout_ms", int, "timeout of the aligned-timeout mode"),
-    ("debloat_target_ms", int, "target of the aligned+debloat mode"),
-    ("latency_interval_ms", int, "interval of latency markers"),
+    ("rows", int_at_least(1), "balanced rows at a 1 s interval (x the interval above 1 s)"),
+    ("skew_rows", int_at_least(1), "rows of a skewed job at parallelism 2 (x parallelism / 2)"),
+    ("repeat", int_at_least(1), "interleaved rounds over every configuration"),
+    ("check_runs", int_at_least(1), "runs of each configuration of the off vs aligned check"),
+    ("hot_cost_us", float_at_least(0.0), "sleep per hot-key row under skew, microseconds"),
+    ("aligned_timeout_ms", int_at_least(1), "timeout of the aligned-timeout mode"),
+    ("debloat_target_ms", int_at_least(MIN_TARGET_MS), "target of the aligned+debloat mode"),
+    ("latency_interval_ms", int_at_least(0), "interval of latency markers"),
 )
 
 

@@ -284,11 +284,17 @@ class CheckpointCoordinator:
             self._completing = asyncio.ensure_future(self._complete(pending))
             await self._completing
 
-    async def decline(self, cid: int, key: SubtaskKey, reason: str) -> None:
+    async def decline(
+        self, cid: int, key: SubtaskKey, reason: str, non_recoverable: str | None = None
+    ) -> None:
+        """``non_recoverable``: why no restart can fix what made the subtask decline."""
         pending = self.pending
         if pending is not None and pending.checkpoint_id == cid:
             await self._abort(
-                pending, CheckpointFailureReason.DECLINED, f"declined by subtask {key}: {reason}"
+                pending,
+                CheckpointFailureReason.DECLINED,
+                f"declined by subtask {key}: {reason}",
+                non_recoverable=non_recoverable,
             )
 
     async def _complete(self, pending: PendingCheckpoint) -> None:
@@ -323,6 +329,7 @@ class CheckpointCoordinator:
                 CheckpointFailureReason.METADATA_WRITE_FAILED,
                 f"metadata write failed: {type(exc).__name__}: {exc}",
                 force=True,
+                error=exc,
             )
             return
         # ---- commit point: checkpoint `cid` exists from here on ----
@@ -408,7 +415,12 @@ class CheckpointCoordinator:
         cause: CheckpointFailureReason,
         detail: str,
         force: bool = False,
+        error: BaseException | None = None,
+        non_recoverable: str | None = None,
     ) -> None:
+        """``error`` (the exception behind the failure) and ``non_recoverable`` go with
+        the error that fails the attempt, if this failure is one too many: whoever
+        classifies it sees what went wrong."""
         reason = f"{cause}: {detail}"
         if self.pending is not pending:
             return
@@ -425,6 +437,8 @@ class CheckpointCoordinator:
         self._spawn(asyncio.to_thread(self.storage.discard, pending.checkpoint_id))
         limit = self.failures.on_failure(pending.checkpoint_id, cause, reason)
         if limit is not None:
+            limit.__cause__ = error
+            limit.non_recoverable = non_recoverable
             self.on_failure(limit)
         self._wakeup.set()
 
@@ -458,7 +472,17 @@ class CheckpointCoordinator:
             final=pending.final,
             subtasks=subtasks,
             source_splits=source_splits,
+            operator_names=self._operator_names(),
         )
+
+    def _operator_names(self) -> dict[str, str]:
+        names: dict[str, str] = {}
+        for vertex in self.graph.vertices.values():
+            if vertex.source_uid is not None:
+                names[vertex.source_uid] = vertex.name.split(" -> ")[0]
+            for spec in vertex.operators:
+                names[spec.uid] = spec.name
+        return names
 
     def _record(
         self,

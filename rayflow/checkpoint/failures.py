@@ -16,7 +16,10 @@ __all__ = ["CheckpointFailureManager", "CheckpointFailureLimit"]
 
 
 class CheckpointFailureLimit(RuntimeError):
-    """More checkpoints failed in a row than the configuration tolerates."""
+    """More checkpoints failed in a row than the configuration tolerates.
+    ``non_recoverable`` says why no restart can fix the last failure (None: one may)."""
+
+    non_recoverable: str | None = None
 
 
 class CheckpointFailureManager:

@@ -1,13 +1,36 @@
-"""Listing and inspecting retained checkpoints (behind ``rayflow checkpoints PATH``)."""
+"""Listing and inspecting retained checkpoints (behind ``rayflow checkpoints PATH``).
+
+PATH may be one ``chk-<n>``, a run directory, a job's directory (every run in it), or a
+checkpoint storage root (the jobs found in it are listed). Operators are shown by name
+(checkpoints written before names were recorded show names taken from the chained
+vertex names, else the operator's uid).
+"""
 
 from __future__ import annotations
 
 import datetime as dt
+import os
 import pickle
 from dataclasses import dataclass
 from typing import Any
 
-from rayflow.checkpoint.storage import CheckpointStorage, JobStorage, open_checkpoint_path
+import pyarrow.fs as pafs
+
+from rayflow.checkpoint.metadata import CheckpointMetadata
+from rayflow.checkpoint.storage import (
+    CheckpointStorage,
+    JobStorage,
+    _resolve_root,
+    open_checkpoint_path,
+)
+
+__all__ = [
+    "CheckpointSummary",
+    "summarize",
+    "describe",
+    "operator_names",
+    "storage_options_from_environment",
+]
 
 
 @dataclass
@@ -22,20 +45,43 @@ class CheckpointSummary:
     run_id: str | None = None
 
 
+def operator_names(meta: CheckpointMetadata) -> dict[str, str]:
+    """Operator uid -> name: as recorded, else from the vertex names (a chained vertex is
+    named ``Source -> Op -> ...``, and its blob lists the operators' uids in that order,
+    the source's last), else nothing."""
+    if meta.operator_names:
+        return dict(meta.operator_names)
+    names: dict[str, str] = {}
+    for entry in meta.subtasks.values():
+        parts = entry.vertex.split(" -> ") if entry.vertex else []
+        uids = list(entry.uids)
+        source = [u for u in uids if u in meta.source_splits]
+        ordered = source + [u for u in uids if u not in meta.source_splits]
+        if len(parts) == len(ordered):
+            names.update(zip(ordered, parts))
+    return names
+
+
 def summarize(
     storage: CheckpointStorage, checkpoint_id: int, per_operator: bool = True
 ) -> CheckpointSummary:
+    """A checkpoint's figures; ``operator_sizes`` is keyed by operator name (its uid when
+    the name is unknown)."""
     meta = storage.load_metadata(checkpoint_id)
+    names = operator_names(meta)
     operator_sizes: dict[str, int] = {}
     if per_operator:
         for entry in meta.subtasks.values():
             state = pickle.loads(storage.read_blob(entry.path))
             for uid, value in state.items():
-                operator_sizes[uid] = operator_sizes.get(uid, 0) + len(
+                name = names.get(uid, uid)
+                operator_sizes[name] = operator_sizes.get(name, 0) + len(
                     pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
                 )
         for uid, splits in meta.source_splits.items():
-            operator_sizes[uid] = len(pickle.dumps(splits, protocol=pickle.HIGHEST_PROTOCOL))
+            operator_sizes[names.get(uid, uid)] = len(
+                pickle.dumps(splits, protocol=pickle.HIGHEST_PROTOCOL)
+            )
     return CheckpointSummary(
         checkpoint_id=checkpoint_id,
         completed_at=meta.completed_at,
@@ -57,9 +103,59 @@ def _human(size: int) -> str:
     return f"{size} B"
 
 
+def storage_options_from_environment(
+    path: str, endpoint_url: str | None = None, region: str | None = None
+) -> dict[str, Any]:
+    """``pyarrow.fs.S3FileSystem`` options for an ``s3://`` path: the endpoint and region
+    given, else ``$AWS_ENDPOINT_URL`` and ``$AWS_REGION`` / ``$AWS_DEFAULT_REGION``;
+    credentials come from the environment as pyarrow finds them. Empty for other paths."""
+    if not path.startswith("s3://"):
+        return {}
+    options: dict[str, Any] = {}
+    endpoint = endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3")
+    endpoint = endpoint or os.environ.get("AWS_ENDPOINT_URL")
+    if endpoint:
+        options["endpoint_override"] = endpoint
+    region = region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+    if region:
+        options["region"] = region
+    return options
+
+
+def _kind_of(path: str, options: dict[str, Any] | None) -> tuple[str, list[str]]:
+    """``("missing", [])``, ``("root", [job names])``, or ``("other", [])``."""
+    fs, base = _resolve_root(path.rstrip("/") or "/", dict(options or {}))
+    info = fs.get_file_info(base)
+    if info.type == pafs.FileType.NotFound:
+        return "missing", []
+    if info.type != pafs.FileType.Directory:
+        return "other", []
+    children = fs.get_file_info(pafs.FileSelector(base, allow_not_found=True))
+    names = [c.base_name for c in children if c.type == pafs.FileType.Directory]
+    if any(n.startswith(("run-", "chk-")) for n in names):
+        return "other", []  # a job's directory (or a run's)
+    jobs = []
+    for name in sorted(names):
+        grand = fs.get_file_info(pafs.FileSelector(f"{base}/{name}", allow_not_found=True))
+        if any(
+            g.type == pafs.FileType.Directory and g.base_name.startswith(("run-", "chk-"))
+            for g in grand
+        ):
+            jobs.append(name)
+    return ("root", jobs) if jobs else ("other", [])
+
+
 def describe(path: str, options: dict[str, Any] | None = None) -> str:
     """A human-readable listing of the checkpoints at ``path``: a job directory (every
-    run in it), a run directory, or one ``chk-<n>``."""
+    run in it), a run directory, one ``chk-<n>``, or a storage root (its jobs). Raises
+    ``FileNotFoundError`` saying what is missing."""
+    base = path.rstrip("/").rpartition("/")[2]
+    if not base.startswith(("chk-", "run-")):
+        kind, jobs = _kind_of(path, options)
+        if kind == "missing":
+            raise FileNotFoundError(f"{path}: no such directory")
+        if kind == "root":
+            return _describe_root(path, jobs, options)
     storage, only = open_checkpoint_path(path, options)
     runs = storage.runs() if isinstance(storage, JobStorage) else [storage]
     lines: list[str] = []
@@ -74,7 +170,27 @@ def describe(path: str, options: dict[str, Any] | None = None) -> str:
         if ids:
             lines.extend(_describe_run(run, ids))
     if not lines:
-        raise FileNotFoundError(f"{path}: no completed checkpoint found")
+        raise FileNotFoundError(
+            f"{path}: no completed checkpoint found (give a job's checkpoint directory, "
+            "one of its run-... directories, a chk-<n>, or the storage root)"
+        )
+    return "\n".join(lines)
+
+
+def _describe_root(path: str, jobs: list[str], options: dict[str, Any] | None) -> str:
+    root = path.rstrip("/")
+    lines = [f"{root} is a checkpoint storage root; jobs with checkpoints in it:"]
+    for job in jobs:
+        storage = JobStorage(root, job, options)
+        runs = storage.runs()
+        newest = storage.latest()
+        if newest is None:
+            latest = "no completed checkpoint"
+        else:
+            when = dt.datetime.fromtimestamp(newest[1].completed_at, dt.timezone.utc)
+            latest = f"newest checkpoint {newest[1].checkpoint_id} ({when:%Y-%m-%d %H:%M:%S} UTC)"
+        lines.append(f"  {job:<30} {len(runs)} run(s), {latest}")
+    lines.append(f"list one job's checkpoints with: rayflow checkpoints {root}/<job>")
     return "\n".join(lines)
 
 

@@ -61,6 +61,8 @@ class CheckpointMetadata:
     subtasks: dict[SubtaskKey, SubtaskStateMeta] = field(default_factory=dict)
     source_splits: dict[str, list[Any]] = field(default_factory=dict)
     format_version: int = FORMAT_VERSION
+    #: operator uid -> the operator's name (for people; absent in older checkpoints)
+    operator_names: dict[str, str] = field(default_factory=dict)
 
     @property
     def size(self) -> int:
@@ -93,6 +95,7 @@ class CheckpointMetadata:
                 for key, s in self.subtasks.items()
             },
             "source_splits": self.source_splits,
+            "operator_names": self.operator_names,
         }
 
     @classmethod
@@ -129,6 +132,7 @@ class CheckpointMetadata:
                 },
                 source_splits=dict(raw.get("source_splits", {})),
                 format_version=FORMAT_VERSION,
+                operator_names=dict(raw.get("operator_names") or {}),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise UnsupportedMetadataVersion(

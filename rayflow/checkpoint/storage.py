@@ -358,7 +358,7 @@ def open_checkpoint_path(
         return _storage_at(path, options), None
     root, _, job = path.rpartition("/")
     jobs = JobStorage(root or ".", job, options)
-    if jobs.fs.get_file_info(path).type != pafs.FileType.Directory:
+    if jobs.fs.get_file_info(jobs.base).type != pafs.FileType.Directory:
         raise FileNotFoundError(f"{path}: no completed checkpoint found (no such directory)")
     return jobs, None
 

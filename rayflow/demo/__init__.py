@@ -20,6 +20,7 @@ from pathlib import Path
 
 import ray
 
+from rayflow.argtypes import checkpoint_interval_ms
 from rayflow.demo.report import PlotUnavailableError, format_table, format_verdicts, plot_runs
 from rayflow.demo.runs import KILLED_VERTEX, DemoSettings, Guarantee, run_guarantee
 from rayflow.demo.targets import SinkKind, TargetError, open_target
@@ -94,7 +95,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--checkpoint-ms",
-        type=_positive_int,
+        type=checkpoint_interval_ms(allow_off=False),
         default=200,
         metavar="MS",
         help="checkpoint interval of the checkpointed runs (default: %(default)s)",

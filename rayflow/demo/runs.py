@@ -19,6 +19,7 @@ Every run gets the same :meth:`rayflow.testing.FaultPlan.seeded_kills` plan: in 
 from __future__ import annotations
 
 import enum
+import shutil
 import sys
 import tempfile
 import threading
@@ -36,6 +37,7 @@ from rayflow.environment import JobResult, StreamExecutionEnvironment
 from rayflow.errors import JobFailedError
 from rayflow.guarantees import DeliveryGuarantee
 from rayflow.jobs.orders import build_order_stream
+from rayflow.progress import ProgressReporter
 from rayflow.sink import RollingPolicy
 from rayflow.testing import FaultPlan, inject_faults
 
@@ -184,13 +186,15 @@ class _Progress:
         self.live = out.isatty()
         self.last = ""
 
-    def update(self, seconds: float, committed: int, state: str) -> None:
+    def update(self, seconds: float, committed: int, state: str, detail: str = "") -> None:
         self.last = (
             f"  {self.label:<22} {seconds:5.1f} s  {state:<10} "
             f"committed {committed:>10,} of {self.expected:,}"
         )
         if self.live:
-            self.out.write("\r" + self.last + "\x1b[K")
+            line = self.last + (f" | {detail}" if detail else "")
+            width = max(40, shutil.get_terminal_size((120, 20)).columns - 1)
+            self.out.write("\r" + line[:width] + "\x1b[K")
             self.out.flush()
 
     def done(self) -> None:
@@ -239,6 +243,8 @@ def run_guarantee(
     stream.sink_to(sink, "OrdersOut").uid("orders-out")
 
     line = _Progress(progress or sys.stderr, guarantee.label, settings.records)
+    rates = ProgressReporter(live=False)  # the job's own figures for the live line
+    detail, detail_at = "", 0.0
     samples: list[tuple[float, int]] = []
     outcome: dict[str, object] = {}
     started = time.perf_counter()
@@ -261,9 +267,15 @@ def run_guarantee(
                 committed = target.committed(run)
             except Exception:  # noqa: BLE001 - a failed look only skips this sample
                 committed = None
+            if line.live and now - detail_at >= 1.0:
+                detail_at = now
+                snapshot = client._progress_snapshot()
+                if snapshot is not None:
+                    parts = rates.details(snapshot, client._graph, time.time())
+                    detail = " | ".join(parts)
             if committed is not None:
                 samples.append((now, committed))
-                line.update(now, committed, _state(client))
+                line.update(now, committed, _state(client), detail)
             waiter.join(poll_s)
     except BaseException:  # Ctrl-C: cancel the job (its transactions cleaned up), then stop
         client.cancel(timeout=60)

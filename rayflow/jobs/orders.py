@@ -22,7 +22,7 @@ is what ``rayflow demo`` runs under each delivery guarantee (``rayflow.demo``): 
 order id must reach the sink's committed output exactly once.
 
 Run the totals job with ``python -m rayflow.jobs.orders`` or
-``python examples/orders.py``.
+``rayflow run --example orders``.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from rayflow.argtypes import checkpoint_interval_ms
 from rayflow.datastream import DataStream
 from rayflow.environment import StreamExecutionEnvironment, ensure_ray
 from rayflow.sources import NumberSequenceSource
@@ -294,7 +295,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--checkpoint-ms",
-        type=int,
+        type=checkpoint_interval_ms(allow_off=True),
         default=500,
         metavar="MS",
         help="EXACTLY_ONCE checkpoint interval, 0 for checkpointing off (default: %(default)s)",

@@ -98,4 +98,5 @@ class Deployer:
             buffer_timeout_s=settings.buffer_timeout_ms / 1000.0,
             buffer_bytes=settings.buffer_bytes,
             channel_bytes=settings.channel_bytes,
+            failure_classifier=settings.failure_classifier,
         )

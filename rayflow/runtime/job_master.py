@@ -22,6 +22,7 @@ otherwise they are killed, and the next attempt starts only once they are dead.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import time
 from typing import Any
@@ -37,9 +38,12 @@ from rayflow.checkpoint.coordinator import (
 )
 from rayflow.checkpoint.failures import CheckpointFailureManager
 from rayflow.errors import JobCancelledError, JobFailedError, OperatorError
+from rayflow.failures import Failure, first_line, worth_logging
 from rayflow.plan.physical import JobGraph
+from rayflow.recoverability import classify
 from rayflow.runtime.deployer import Deployer
 from rayflow.runtime.hooks import HookPoint
+from rayflow.runtime.output import MAX_LINES
 from rayflow.runtime.placement import JobPlacement, PlacementPlan
 from rayflow.runtime.run_lock import release_run_lock_of
 from rayflow.runtime.settings import JobSettings
@@ -91,11 +95,54 @@ def _unwrap(exc: BaseException) -> BaseException:
 
 class _AttemptFailed(Exception):
     """One attempt failed; ``secondary`` when it only reports a failure elsewhere (a
-    subtask that lost the downstream subtask it was sending to)."""
+    subtask that lost the downstream subtask it was sending to). ``failure`` describes it
+    for the failure history."""
 
-    def __init__(self, message: str, secondary: bool = False) -> None:
+    def __init__(
+        self, message: str, secondary: bool = False, failure: Failure | None = None
+    ) -> None:
         super().__init__(message)
         self.secondary = secondary
+        self.failure = failure
+
+
+def _operator_failure(error: OperatorError) -> Failure:
+    exception, _, message = error.cause.partition(": ")
+    return Failure(
+        FailureKind.ATTEMPT,
+        exception,
+        first_line(message),
+        error.operator,
+        error.subtask,
+        error.parallelism,
+        error.non_recoverable,
+    )
+
+
+def failure_log(
+    job_name: str, attempt: int, cause: str, delay: float | None, state: SupervisorState
+) -> tuple[int, str]:
+    """The log level and line of a failure the supervisor just recorded: the first time a
+    failure happens in full (its traceback), the same failure again at WARNING only at its
+    2nd, 4th, 8th, ... time (and when the job gives up), in one line with its count."""
+    entry = state.history.latest
+    if delay is not None:
+        then = f"; restarting in {delay:g} s ({state.strategy.description})"
+    elif state.non_recoverable is not None:
+        then = f"; not restarting: no restart can fix it ({state.non_recoverable})"
+    elif state.state is JobState.FAILING:
+        then = f"; no restart left ({state.strategy.description})"
+    else:
+        then = ""
+    if entry is None or entry.count == 1:
+        return logging.WARNING, f"job {job_name!r} attempt {attempt} failed: {cause}{then}"
+    again = (
+        f"job {job_name!r} attempt {attempt} failed again the same way ({entry.count} times "
+        f"so far): {entry.failure.describe()}{then}"
+    )
+    if worth_logging(entry.count) or delay is None:
+        return logging.WARNING, again
+    return logging.DEBUG, again
 
 
 def _rss_bytes() -> int | None:
@@ -197,6 +244,9 @@ class JobMaster:
         self._ended = asyncio.Event()  # run() returned or raised: see _result / _error
         self._result: dict[str, Any] | None = None
         self._error: BaseException | None = None
+        self._running: set[tuple[int, int]] = set()  # subtasks of this attempt that run
+        #: what subtasks of ended attempts printed, until the client drains it
+        self._output: collections.deque[str] = collections.deque(maxlen=MAX_LINES)
 
     # --- queries ------------------------------------------------------------------------
 
@@ -218,7 +268,40 @@ class JobMaster:
             "completed_checkpoints": list(self.history.completed_ids),
             "checkpoint_summary": self.history.summary(),
             "rss_bytes": _rss_bytes(),
+            "failure_history": list(s.history.entries),
+            "non_recoverable": s.non_recoverable,
         }
+
+    async def progress(self) -> dict[str, Any]:
+        """What a live progress line shows: the status, every subtask's metrics and the
+        newest completed checkpoint's statistics (one call)."""
+        status = await self.status()
+        status["metrics"] = await self.metrics()
+        completed = [c for c in self.history.recent if c["status"] == "COMPLETED"]
+        status["last_checkpoint"] = dict(completed[-1]) if completed else None
+        if status["last_checkpoint"] is not None:
+            status["last_checkpoint"].pop("subtasks", None)
+        return status
+
+    async def drain_output(self) -> list[str]:
+        """What user functions printed since the last drain (ended attempts first)."""
+        lines = list(self._output)
+        self._output.clear()
+        lines.extend(await self._drain_subtasks(self.actors.values()))
+        return lines
+
+    @staticmethod
+    async def _drain_subtasks(actors: Any, timeout_s: float = 2.0) -> list[str]:
+        refs = [actor.drain_output.remote() for actor in actors]
+        drained = await asyncio.gather(
+            *(asyncio.wait_for(ref, timeout_s) for ref in refs), return_exceptions=True
+        )
+        return [line for d in drained if isinstance(d, list) for line in d]
+
+    async def _keep_output_of(self, actors: Any) -> None:
+        """Keep what the subtasks of an ending attempt printed (best effort: a subtask
+        that died took its undrained lines with it)."""
+        self._output.extend(await self._drain_subtasks(list(actors), timeout_s=1.0))
 
     async def supervisor_state(self) -> SupervisorState:
         return self.supervisor.snapshot()
@@ -249,14 +332,24 @@ class JobMaster:
             await self.coordinator.acknowledge(cid, key, info)
 
     async def decline_checkpoint(
-        self, attempt: int, cid: int, key: tuple[int, int], reason: str
+        self,
+        attempt: int,
+        cid: int,
+        key: tuple[int, int],
+        reason: str,
+        non_recoverable: str | None = None,
     ) -> None:
         if attempt == self.attempt and self.coordinator is not None:
-            await self.coordinator.decline(cid, key, reason)
+            await self.coordinator.decline(cid, key, reason, non_recoverable)
 
     async def subtask_running(self, attempt: int, key: tuple[int, int]) -> None:
-        if attempt == self.attempt and self.coordinator is not None:
+        if attempt != self.attempt:
+            return
+        if self.coordinator is not None:
             self.coordinator.subtask_running(key)
+        self._running.add(key)
+        if len(self._running) >= len(self.actors):
+            self.supervisor.attempt_running()  # a restarting job runs again
 
     async def source_exhausted(self, attempt: int, key: tuple[int, int]) -> None:
         if attempt != self.attempt:
@@ -309,6 +402,7 @@ class JobMaster:
             "restarts": self.supervisor.state.restarts,
             "master_restarts": self.supervisor.state.master_restarts,
             "failures": [f.cause for f in self.supervisor.state.failures],
+            "failure_history": list(self.supervisor.state.history.entries),
             "recovery_times": self.recovery_times,
             "restored_from": self.restored_from,
             "run_id": self.settings.run_id,
@@ -333,6 +427,7 @@ class JobMaster:
                 kind = FailureKind.ATTEMPT
                 outputs = await self._run_attempt(self.attempt)
                 await self._stop_attempt()
+                supervisor.attempt_running()
                 supervisor.move_to(JobState.FINISHED)
                 await self._persist_quietly()
                 return outputs
@@ -341,28 +436,41 @@ class JobMaster:
             except Exception as exc:  # noqa: BLE001 - every failure goes to the supervisor
                 if isinstance(exc, _AttemptFailed):
                     cause = str(exc)
+                    failure = exc.failure or Failure.of_text(kind, cause)
                 else:
                     cause = f"{type(exc).__name__}: {exc}"
                     if kind is FailureKind.ATTEMPT:
                         kind = FailureKind.RESTART_SETUP
+                    reason = classify(exc, self.settings.failure_classifier)
+                    failure = Failure.of_exception(kind, exc, reason)
                 failed_at = time.time()
-                log.warning("job %r attempt %d failed: %s", name, self.attempt, cause)
+                attempt = self.attempt
                 try:
                     await self._stop_attempt(reuse=True)
                 except Exception as stop_exc:  # noqa: BLE001
                     log.warning("job %r: stopping attempt %d: %s", name, self.attempt, stop_exc)
                     await self._kill_everything()
-                delay = supervisor.on_failure(cause, kind, failed_at)
+                delay = supervisor.on_failure(cause, kind, failed_at, failure)
+                self._log_failure(attempt, cause, delay)
                 if delay is None:
                     await self._persist_quietly()
                     await self._clean_up_outside_world()
                     supervisor.move_to(JobState.FAILED)
                     await self._persist_quietly()
                     note = f" ({self.clean_up_failure})" if self.clean_up_failure else ""
-                    raise JobFailedError(supervisor.failure_message(name) + note) from None
+                    error = JobFailedError(supervisor.failure_message(name) + note)
+                    error.failure_history = list(supervisor.state.history.entries)
+                    error.non_recoverable = supervisor.state.non_recoverable
+                    raise error from None
                 await self._persist_quietly()
                 self._recovery_started = failed_at
                 await self._restart_delay(delay)
+
+    def _log_failure(self, attempt: int, cause: str, delay: float | None) -> None:
+        level, message = failure_log(
+            self.settings.job_name, attempt, cause, delay, self.supervisor.state
+        )
+        log.log(level, "%s", message)
 
     async def _persist_quietly(self) -> None:
         try:
@@ -397,6 +505,7 @@ class JobMaster:
             ray.cancel(ref)
         if refs:
             await asyncio.wait([asyncio.ensure_future(self._settle(r)) for r in refs], timeout=30)
+        await self._keep_output_of(self.actors.values())
         await self._clean_up_outside_world()
         self.supervisor.move_to(JobState.CANCELED)
         await self._persist_quietly()
@@ -554,6 +663,7 @@ class JobMaster:
         settings = self.settings
         restore = await self._restore_point()
         self._exhausted = set()
+        self._running = set()
         ids = await self._id_counter(restore) if settings.checkpointing else None
         # every bundle placed (after a lost node, Ray moves its bundles elsewhere first);
         # a cancel does not wait for that
@@ -580,6 +690,8 @@ class JobMaster:
             )
             self.coordinator.start()
         self._run_refs = {key: actor.run.remote() for key, actor in self.actors.items()}
+        if not settings.checkpointing:
+            self.supervisor.attempt_running()  # nothing to restore: running once deployed
         tasks = {
             asyncio.ensure_future(self._await_run(key, ref)): key
             for key, ref in self._run_refs.items()
@@ -600,9 +712,19 @@ class JobMaster:
                 if cancel_task in done:
                     raise JobCancelledError(f"job {settings.job_name!r} was cancelled")
                 if self._attempt_failure in done:
-                    raise _AttemptFailed(str(self._attempt_failure.result()))
+                    error = self._attempt_failure.result()
+                    reason = getattr(error, "non_recoverable", None) or classify(
+                        error, settings.failure_classifier
+                    )
+                    raise _AttemptFailed(
+                        f"{type(error).__name__}: {error}",
+                        failure=Failure.of_exception(FailureKind.ATTEMPT, error, reason),
+                    )
                 if placement_lost in done:
-                    raise _AttemptFailed(placement_lost.result())
+                    lost = placement_lost.result()
+                    raise _AttemptFailed(
+                        lost, failure=Failure(FailureKind.ATTEMPT, "PlacementLost", lost)
+                    )
                 pending.discard(cancel_task)
                 pending.discard(self._attempt_failure)
                 pending.discard(placement_lost)
@@ -650,7 +772,7 @@ class JobMaster:
 
     def _fail_attempt(self, exc: BaseException) -> None:
         if self._attempt_failure is not None and not self._attempt_failure.done():
-            self._attempt_failure.set_result(f"{type(exc).__name__}: {exc}")
+            self._attempt_failure.set_result(exc)
 
     async def _measure_recovery(self, failed_at: float) -> None:
         """Time from a failure until records flow again through every subtask."""
@@ -670,6 +792,7 @@ class JobMaster:
     async def _await_run(self, key: tuple[int, int], ref: Any) -> Any:
         vertex = self.graph.vertices[key[0]]
         where = f"subtask {key[1] + 1}/{vertex.parallelism} of {vertex.name!r}"
+        at = (vertex.name, key[1], vertex.parallelism)
         try:
             return await ref
         except asyncio.CancelledError:
@@ -677,13 +800,18 @@ class JobMaster:
         except Exception as exc:  # noqa: BLE001
             cause = _unwrap(exc)
             if isinstance(cause, OperatorError):
-                raise _AttemptFailed(str(cause)) from None
+                raise _AttemptFailed(str(cause), failure=_operator_failure(cause)) from None
             if isinstance(cause, RayActorError):
                 reason = str(cause).strip().splitlines()[0] if str(cause).strip() else "actor died"
-                raise _AttemptFailed(f"{where} died ({reason})") from None
+                raise _AttemptFailed(
+                    f"{where} died ({reason})",
+                    failure=Failure(FailureKind.ATTEMPT, type(cause).__name__, reason, *at),
+                ) from None
+            reason = classify(cause, self.settings.failure_classifier)
             raise _AttemptFailed(
                 f"{where}: {type(cause).__name__}: {cause}",
                 secondary=isinstance(cause, ConnectionError),
+                failure=Failure.of_exception(FailureKind.ATTEMPT, cause, reason, *at),
             ) from None
 
     async def _stop_attempt(self, reuse: bool = False) -> None:
@@ -701,6 +829,8 @@ class JobMaster:
             await coordinator.shutdown()
             if coordinator.latest is not None:
                 self.latest = coordinator.latest
+        if reuse:
+            await self._keep_output_of(self.actors.values())  # a finished attempt returned it
         actors, refs = self.actors, self._run_refs
         self.actors, self._run_refs = {}, {}
         if not reuse:

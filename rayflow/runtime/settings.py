@@ -56,6 +56,8 @@ class JobSettings:
     #: a job master taking over a cancel: it only cleans up (commits what completed
     #: checkpoints hold, aborts every other transaction)
     cancel_requested: bool = False
+    #: the job's failure classifier (``rayflow.recoverability``), None: the default rules
+    failure_classifier: Any = None
 
     @property
     def checkpointing(self) -> bool:

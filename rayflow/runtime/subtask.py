@@ -44,6 +44,7 @@ from rayflow.config import CheckpointAlignment, CheckpointingMode
 from rayflow.errors import OperatorError
 from rayflow.plan.partitioners import Partitioner, PartitionerSpec
 from rayflow.plan.physical import VertexSpec
+from rayflow.recoverability import classify
 from rayflow.runtime.barriers import (
     BarrierHandler,
     Snapshot,
@@ -72,6 +73,7 @@ from rayflow.runtime.fence import AttemptFence
 from rayflow.runtime.hooks import HookPoint, SubtaskHooks
 from rayflow.runtime.latency import DEFAULT_LATENCY_TRACKING_INTERVAL_MS, LatencyTracker
 from rayflow.runtime.operators import Operator, OperatorContext
+from rayflow.runtime.output import capture_stdout
 from rayflow.runtime.restore import StateHandle
 
 #: Concurrency group of control calls: never queued behind data pushes that wait for
@@ -118,6 +120,8 @@ class SubtaskDeployment:
     buffer_bytes: int = DEFAULT_BUFFER_BYTES
     #: per channel, the most bytes of batches buffered at the receiver / in flight
     channel_bytes: int = DEFAULT_CHANNEL_BYTES
+    #: the job's failure classifier (``rayflow.recoverability``), None: the default rules
+    failure_classifier: Any = None
 
 
 @dataclass(frozen=True)
@@ -317,6 +321,8 @@ class SubtaskActor:
         self._replay: list[tuple[int, pa.RecordBatch]] = []
         self.hooks = deployment.hooks
         self._current_operator = vertex.name
+        # what user functions print goes to the driver, prefixed (rayflow.runtime.output)
+        self._output = capture_stdout(self._output_prefix)
         self._final_checkpoint: int | None = None
         self._final_completed = False
         self._finished = False
@@ -336,6 +342,13 @@ class SubtaskActor:
             "started_at": None,
             "finished_at": None,
         }
+
+    def __repr__(self) -> str:
+        # Ray names the actor by this in the log lines it forwards to the driver
+        return f"{self.name} {self.index + 1}/{self.parallelism}"
+
+    def _output_prefix(self) -> str:
+        return f"[{self._current_operator} {self.index + 1}/{self.parallelism}] "
 
     def _barrier_handler(self, d: SubtaskDeployment) -> BarrierHandler:
         if d.checkpointing is CheckpointingMode.AT_LEAST_ONCE:
@@ -415,6 +428,7 @@ class SubtaskActor:
         m["attempt"] = self.attempt
         m["node_id"] = ray.get_runtime_context().get_node_id()
         m["buffered"] = self.gate.buffered()
+        m["input_capacity"] = sum(self.gate.limits())  # messages its inputs may buffer
         m["max_buffered"] = self.gate.max_buffered
         m["max_in_flight"] = max(
             (c.max_in_flight for w in self.writers for c in w.channels), default=0
@@ -454,6 +468,11 @@ class SubtaskActor:
     @ray.method(concurrency_group=CONTROL_GROUP)
     async def ready(self) -> bool:
         return True
+
+    @ray.method(concurrency_group=CONTROL_GROUP)
+    async def drain_output(self) -> list[str]:
+        """Lines user functions printed here since the last drain, prefixed."""
+        return self._output.drain()
 
     @ray.method(concurrency_group=CONTROL_GROUP)
     async def quiesce(self, attempt: int, wait_s: float = 2.0) -> bool:
@@ -566,6 +585,7 @@ class SubtaskActor:
             return {
                 "results": [op.result() for op in self.operators],
                 "metrics": await self.metrics(),
+                "output": self._output.drain(final=True),
             }
         except OperatorError:
             raise
@@ -594,6 +614,7 @@ class SubtaskActor:
             self.parallelism,
             f"{type(exc).__name__}: {exc}",
             "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
+            non_recoverable=classify(exc, self.d.failure_classifier),
         )
 
     def _open(self) -> None:
@@ -1020,7 +1041,11 @@ class SubtaskActor:
             info["path"] = await self._in_thread(write)
         except Exception as exc:  # noqa: BLE001 - the coordinator declines the checkpoint
             self.d.master.decline_checkpoint.remote(
-                self.attempt, cid, self.key, f"{type(exc).__name__}: {exc}"
+                self.attempt,
+                cid,
+                self.key,
+                f"{type(exc).__name__}: {exc}",
+                classify(exc, self.d.failure_classifier),
             )
             return
         info["async_s"] = time.time() - started

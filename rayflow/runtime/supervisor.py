@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass, field
 
 from rayflow.config import RestartStrategy
+from rayflow.failures import Failure, FailureHistory
 from rayflow.status import FailureKind, JobState
 
 __all__ = ["FailureRecord", "SupervisorState", "RestartSupervisor", "IllegalTransition"]
@@ -52,6 +53,10 @@ class SupervisorState:
     failure_count: int = 0
     failures: list[FailureRecord] = field(default_factory=list)
     cause: str | None = None
+    #: every failure, the same ones folded with a count (``JobClient.failure_history``)
+    history: FailureHistory = field(default_factory=FailureHistory)
+    #: why the run failed without restarting (no restart can fix its failure)
+    non_recoverable: str | None = None
 
 
 class RestartSupervisor:
@@ -81,10 +86,18 @@ class RestartSupervisor:
 
     def start_attempt(self) -> int:
         """The next attempt starts; its number is above every attempt of this run so far,
-        also those of a job master that died."""
-        self.move_to(JobState.RUNNING)
+        also those of a job master that died. The first attempt makes the job RUNNING; a
+        restarted job stays RESTARTING until :meth:`attempt_running`."""
+        if self.state.state is not JobState.RESTARTING:
+            self.move_to(JobState.RUNNING)
         self.state.attempt += 1
         return self.state.attempt
+
+    def attempt_running(self) -> None:
+        """Every subtask of the current attempt is deployed and restored, and runs: a
+        restarting job is RUNNING again (a job in any other state stays as it is)."""
+        if self.state.state is JobState.RESTARTING:
+            self.move_to(JobState.RUNNING)
 
     def reserve_attempt(self) -> int:
         """An attempt number for work that is no regular attempt (a clean-up after the
@@ -99,16 +112,30 @@ class RestartSupervisor:
 
     # --- failures -------------------------------------------------------------------------
 
-    def on_failure(self, cause: str, kind: FailureKind, when: float | None = None) -> float | None:
+    def on_failure(
+        self,
+        cause: str,
+        kind: FailureKind,
+        when: float | None = None,
+        failure: Failure | None = None,
+    ) -> float | None:
         """Record a failure; returns the delay before the next attempt, or None when the
-        run must fail (the state is then FAILING)."""
+        run must fail (the state is then FAILING): the restart strategy says so, or
+        ``failure`` is one that no restart can fix. ``failure`` describes it for the
+        folded history (made from ``cause`` when not given)."""
         when = time.time() if when is None else when
+        failure = failure or Failure.of_text(kind, cause)
         s = self.state
         s.failure_count += 1
         s.failures.append(FailureRecord(when, kind, s.attempt, cause))
         del s.failures[:-HISTORY]
+        s.history.add(failure, when)
         s.cause = cause
         if s.state in (JobState.CANCELLING, JobState.FAILING) or s.state.is_terminal:
+            return None
+        if not failure.recoverable:
+            s.non_recoverable = failure.non_recoverable
+            self.move_to(JobState.FAILING)
             return None
         delay = s.strategy.next_delay_s(when)
         if delay is None:
@@ -122,6 +149,11 @@ class RestartSupervisor:
 
     def failure_message(self, job_name: str) -> str:
         s = self.state
+        if s.non_recoverable is not None:
+            return (
+                f"job {job_name!r} failed after {s.restarts} restart(s), without another: "
+                f"no restart can fix it ({s.non_recoverable}); cause: {s.cause}"
+            )
         return (
             f"job {job_name!r} failed after {s.restarts} restart(s) "
             f"(restart strategy: {s.strategy.description}); cause: {s.cause}"

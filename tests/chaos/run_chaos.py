@@ -458,7 +458,7 @@ def job_actors(job_id: str, settle_s: float = 10.0) -> list[str]:
 def _wait(client: Any, timeout_s: float) -> Any:
     try:
         return client.wait(timeout=timeout_s)
-    except ray.exceptions.GetTimeoutError:
+    except TimeoutError:
         client.cancel(timeout=60)
         raise TimeoutError(f"the run did not end within {timeout_s:.0f} s") from None
 

@@ -63,7 +63,8 @@ def test_resume_from_a_retained_checkpoint_of_a_cancelled_run(tmp_path, capsys):
 
     assert cli_main(["checkpoints", str(tmp_path / job)]) == 0
     listing = capsys.readouterr().out
-    assert "running-sum" in listing and "numbers" in listing
+    # operators by name (the running sum's uid is running-sum, its name Sum)
+    assert "        Sum " in listing and "numbers" in listing and "running-sum" not in listing
 
     env2, _ = build_keyed_sum(
         N, 2, 5000, rate=None, checkpoint_ms=100, storage=str(tmp_path), sink=sink

@@ -36,7 +36,9 @@ _RECORDING_JOB = textwrap.dedent(
 @pytest.fixture
 def job(tmp_path, monkeypatch):
     """Path of the recording job script and the file it writes."""
-    monkeypatch.delenv("RAY_ADDRESS", raising=False)  # restored (or removed) after the test
+    # removed now, and after the test as it was before (``rayflow run --address`` sets it)
+    monkeypatch.setenv("RAY_ADDRESS", "")
+    monkeypatch.delenv("RAY_ADDRESS")
     script = tmp_path / "job.py"
     script.write_text(_RECORDING_JOB)
     (tmp_path / "helper_module.py").write_text("VALUE = 42\n")
@@ -127,7 +129,8 @@ def test_run_passes_args_as_main(job):
         ["run", "{script}", "--address=10.0.0.1:6379", "{out}", "-v"],
     ],
 )
-def test_run_address_sets_ray_address_and_is_not_passed_on(job, argv):
+def test_run_address_sets_ray_address_and_is_not_passed_on(job, argv, monkeypatch):
+    monkeypatch.setattr("rayflow.ray_connect.check_address", lambda address: None)  # no cluster
     script, out = job
     assert cli.main([a.format(script=script, out=out) for a in argv]) == 0
     seen = _read(out)
@@ -153,7 +156,7 @@ def test_run_propagates_job_exit_code(tmp_path):
 
 def test_checkpoints_of_a_missing_path_is_a_clear_error(tmp_path, capsys):
     assert cli.main(["checkpoints", str(tmp_path / "nothing")]) == 2
-    assert "no completed checkpoint" in capsys.readouterr().err
+    assert "nothing: no such directory" in capsys.readouterr().err
 
 
 # --- the orders job's data and verification (no Ray: the pipeline is replayed in numpy) ---

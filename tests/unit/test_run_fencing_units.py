@@ -73,6 +73,8 @@ def test_supervisor_lifecycle_created_running_restarting_finished():
     assert sup.on_failure("boom", FailureKind.ATTEMPT, when=1.0) == pytest.approx(0.01)
     assert sup.job_state is JobState.RESTARTING
     assert sup.start_attempt() == 1
+    assert sup.job_state is JobState.RESTARTING  # until every subtask of attempt 1 runs
+    sup.attempt_running()
     assert sup.job_state is JobState.RUNNING
     sup.move_to(JobState.FINISHED)
     assert sup.job_state is JobState.FINISHED

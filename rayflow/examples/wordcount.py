@@ -1,6 +1,6 @@
 """Word count: the smallest complete rayflow job.
 
-python examples/wordcount.py            # or: rayflow run examples/wordcount.py
+rayflow run --example wordcount          # or: python -m rayflow.examples.wordcount
 """
 
 from rayflow import StreamExecutionEnvironment
