@@ -15,8 +15,8 @@ from rayflow.functions import KeyedProcessFunction
 from rayflow.plan.logical import InputEdge, Transformation
 from rayflow.plan.partitioners import KeySelector, PartitionerSpec, PartitionKind
 from rayflow.runtime import operators as ops
-from rayflow.runtime.sink_operator import TwoPhaseCommitSinkOperator
-from rayflow.sink import Sink, TwoPhaseCommittingSink
+from rayflow.runtime.sink_operator import sink_operator_factory
+from rayflow.sink import Sink
 
 if TYPE_CHECKING:
     from rayflow.environment import StreamExecutionEnvironment
@@ -129,12 +129,7 @@ class DataStream:
         if not isinstance(sink, Sink):
             raise TypeError(f"sink_to: expected a rayflow Sink, got {type(sink).__name__}")
         name = name or type(sink).__name__
-        operator = (
-            TwoPhaseCommitSinkOperator
-            if isinstance(sink, TwoPhaseCommittingSink)
-            else ops.SinkOperator
-        )
-        transformation = self._add(name, ops.factory(operator, sink), "sink", sink)
+        transformation = self._add(name, sink_operator_factory(sink), "sink", sink)
         return DataStreamSink(self._env, transformation)
 
     def print(self, name: str = "Print") -> DataStreamSink:

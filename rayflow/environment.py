@@ -21,7 +21,7 @@ from rayflow.checkpoint.storage import JobStorage, new_run_id, open_checkpoint_p
 from rayflow.config import CheckpointConfig, CheckpointingMode, RestartStrategy
 from rayflow.datastream import DataStream
 from rayflow.errors import JobCancelledError, JobFailedError
-from rayflow.guarantees import DeliveryGuarantee, end_to_end
+from rayflow.guarantees import CheckpointingFacts, GuaranteeResolution
 from rayflow.keygroups import DEFAULT_MAX_PARALLELISM
 from rayflow.plan.logical import LogicalPlan
 from rayflow.plan.physical import JobGraph, build_job_graph
@@ -36,9 +36,10 @@ from rayflow.runtime.latency import DEFAULT_LATENCY_TRACKING_INTERVAL_MS, Latenc
 from rayflow.runtime.restore import check_channel_state
 from rayflow.runtime.run_lock import acquire_run_lock, release_run_lock
 from rayflow.runtime.settings import JobSettings
+from rayflow.runtime.sink_operator import sink_operator_factory
 from rayflow.runtime.supervisor import RestartSupervisor
 from rayflow.runtime.warm_workers import WarmWorkerConfig, warm_workers
-from rayflow.sink import Sink, UnsupportedGuaranteeError
+from rayflow.sink import Sink
 from rayflow.sources import CollectionSource, Source
 from rayflow.status import FailureKind, JobState
 
@@ -111,6 +112,12 @@ class JobResult:
     latency: dict[str, float] = field(default_factory=dict)
     #: a bounded uniform sample of those latencies in milliseconds (for a CDF)
     latency_samples_ms: list[float] = field(default_factory=list)
+    #: each sink object of the job with its operator name (``sink_result(sink)``)
+    sink_names: list[tuple[Sink, str]] = field(default_factory=list, repr=False, compare=False)
+    #: what each sink gave in this job (``GuaranteeResolution`` by operator name)
+    sink_guarantees: dict[str, GuaranteeResolution] = field(
+        default_factory=dict, repr=False, compare=False
+    )
 
     @property
     def completed_checkpoints(self) -> list[dict[str, Any]]:
@@ -126,7 +133,9 @@ class JobResult:
 
     def sink_result(self, sink: str | Sink) -> Any:
         """The merged result of a sink, by operator name or by the sink object itself."""
-        key = sink if isinstance(sink, str) else getattr(sink, "_rayflow_name", None)
+        key = sink
+        if not isinstance(sink, str):
+            key = next((name for s, name in self.sink_names if s is sink), None)
         if key not in self.sink_results:
             raise KeyError(f"no sink named {key!r} (sinks: {sorted(self.sink_results)})")
         return self.sink_results[key]
@@ -456,7 +465,7 @@ def _build_result(job_name: str, graph: JobGraph, raw: dict[str, Any]) -> JobRes
                 if "latency" in o["metrics"]
             )
         for position, spec in enumerate(vertex.operators):
-            sink = _sink_of(spec)
+            sink = spec.sink
             if sink is not None:
                 sink_results[spec.name] = sink.merge_results(
                     [o["results"][position] for o in subtask_outputs]
@@ -479,24 +488,13 @@ def _build_result(job_name: str, graph: JobGraph, raw: dict[str, Any]) -> JobRes
         checkpoint_summary=raw["checkpoint_summary"],
         latency=latency.figures(),
         latency_samples_ms=latency.samples_ms(),
+        sink_names=[(spec.sink, spec.name) for spec in graph.sink_specs()],
+        sink_guarantees=dict(graph.sink_guarantees()),
     )
 
 
-def _sinks_of(graph: JobGraph) -> list[Sink]:
-    return [
-        sink
-        for vertex in graph.vertices.values()
-        for spec in vertex.operators
-        if (sink := _sink_of(spec)) is not None
-    ]
-
-
-def _sink_of(spec: Any) -> Sink | None:
-    factory = spec.factory
-    for arg in getattr(factory, "args", ()):
-        if isinstance(arg, Sink):
-            return arg
-    return None
+def _guarantee_words(graph: JobGraph) -> dict[str, str]:
+    return {name: r.end_to_end for name, r in graph.sink_guarantees().items() if r is not None}
 
 
 class StreamExecutionEnvironment:
@@ -703,71 +701,28 @@ class StreamExecutionEnvironment:
         graph = build_job_graph(
             self._plan, self._parallelism, self._max_parallelism, self._chaining
         )
-        for vertex in graph.vertices.values():
-            for spec in vertex.operators:
-                sink = _sink_of(spec)
-                if sink is not None:
-                    sink._rayflow_name = spec.name
-                    self._check_guarantee(spec.name, sink)
+        facts = self._checkpointing_facts()
+        for spec in graph.sink_specs():
+            # The resolution is the graph's: the user's sink object is never changed.
+            spec.guarantee = spec.sink.resolve_guarantee(spec.name, facts)
+            spec.factory = sink_operator_factory(spec.sink, spec.guarantee.delivery_guarantee)
         return graph
 
-    def _check_guarantee(self, name: str, sink: Sink) -> None:
+    def _checkpointing_facts(self) -> CheckpointingFacts:
         config = self._checkpoint_config
-        if not sink.guarantee_requested:
-            if not config.is_checkpointing_enabled():
-                job_best = DeliveryGuarantee.NONE
-            elif config.mode is CheckpointingMode.EXACTLY_ONCE:
-                job_best = DeliveryGuarantee.EXACTLY_ONCE
-            else:
-                job_best = DeliveryGuarantee.AT_LEAST_ONCE
-            sink.delivery_guarantee = max(
-                (g for g in sink.supported_guarantees if g.rank <= job_best.rank),
-                key=lambda g: g.rank,
-                default=DeliveryGuarantee.NONE,
-            )
-        asked = sink.delivery_guarantee
-        if asked is DeliveryGuarantee.NONE:
-            return
-        if not config.is_checkpointing_enabled():
-            raise UnsupportedGuaranteeError(
-                f"sink {name!r} asks for {asked.name} but checkpointing is off: without "
-                "checkpoints nothing can be replayed after a failure. Call "
-                "env.enable_checkpointing(interval_ms), or ask the sink for "
-                "DeliveryGuarantee.NONE."
-            )
-        if asked is DeliveryGuarantee.EXACTLY_ONCE and (
-            config.mode is not CheckpointingMode.EXACTLY_ONCE
-        ):
-            raise UnsupportedGuaranteeError(
-                f"sink {name!r} asks for EXACTLY_ONCE but checkpointing mode is "
-                f"{config.mode.name}: unaligned barriers may count records twice in state. "
-                "Use CheckpointingMode.EXACTLY_ONCE or ask the sink for AT_LEAST_ONCE."
-            )
-        lifetime = getattr(sink, "max_transaction_lifetime_s", None)
-        if asked is DeliveryGuarantee.EXACTLY_ONCE and lifetime is not None:
-            longest = (config.interval_ms + config.timeout_ms) / 1000.0
-            if longest > lifetime:
-                raise UnsupportedGuaranteeError(
-                    f"sink {name!r}: a transaction may stay open {longest:g} s (checkpoint "
-                    f"interval + timeout) but the target drops transactions after "
-                    f"{lifetime:g} s; shorten the interval or timeout"
-                )
+        enabled = config.is_checkpointing_enabled()
+        return CheckpointingFacts(
+            enabled=enabled,
+            mode=config.mode.value if enabled else None,
+            alignment=config.alignment.value,
+            longest_transaction_s=(config.interval_ms + config.timeout_ms) / 1000.0
+            if enabled
+            else None,
+        )
 
     def guarantees(self) -> dict[str, str]:
         """Each sink's end-to-end guarantee, in words."""
-        config = self._checkpoint_config
-        graph = self.get_job_graph()
-        return {
-            spec.name: end_to_end(
-                sink.delivery_guarantee,
-                config.is_checkpointing_enabled(),
-                config.mode.value,
-                config.alignment.value,
-            )
-            for vertex in graph.vertices.values()
-            for spec in vertex.operators
-            if (sink := _sink_of(spec)) is not None
-        }
+        return _guarantee_words(self.get_job_graph())
 
     def explain(self) -> str:
         """The physical plan (chained vertices, parallelism, partitioners), checkpointing
@@ -840,14 +795,14 @@ class StreamExecutionEnvironment:
                 source = settings.initial_restore.run_id if settings.initial_restore else None
                 jobs.prune_runs(config.num_retained_runs - 1, {settings.run_id, source})
                 settings.first_checkpoint_id = jobs.max_checkpoint_id() + 1
-            for sink in _sinks_of(graph):
-                sink.setup(job_name)
+            for spec in graph.sink_specs():
+                spec.sink.setup(job_name, spec.guarantee)
             client = JobClient(job_name, settings.job_id, graph, settings, lock, warm)
             self._fault_plan = None  # a fault plan targets one run (rayflow.testing)
         except BaseException:
             release_run_lock(lock)
             raise
-        client._guarantees = self.guarantees()
+        client._guarantees = _guarantee_words(graph)
         return client
 
     def _load_restore(self, job_name: str, restore_from: str) -> CheckpointMetadata:

@@ -10,7 +10,9 @@ guarantee, which makes it the reference sink for exactly-once tests.
 
 from __future__ import annotations
 
+import json
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,7 +21,16 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from rayflow.guarantees import DeliveryGuarantee
-from rayflow.sink import Sink, SinkContext, SinkWriter, TwoPhaseCommittingSink
+from rayflow.sink import (
+    CommitOutcome,
+    CommittableSerializer,
+    Committer,
+    Sink,
+    SinkContext,
+    SinkWriter,
+    TransactionWriter,
+    TwoPhaseCommittingSink,
+)
 
 __all__ = ["PrintSink", "CollectSink"]
 
@@ -79,6 +90,10 @@ class _Buffer:
     size: int = 0
 
 
+#: A pre-committed CollectSink transaction: (transaction id, subtask, sequence, Arrow IPC).
+CollectCommittable = tuple[str, int, int, bytes]
+
+
 def _to_ipc(batches: list[pa.RecordBatch]) -> bytes:
     sink = pa.BufferOutputStream()
     table = pa.Table.from_batches(batches)
@@ -91,19 +106,92 @@ def _from_ipc(data: bytes) -> pa.Table:
     return pa.ipc.open_stream(pa.py_buffer(data)).read_all()
 
 
-class CollectSink(TwoPhaseCommittingSink):
+class _CollectSerializer(CommittableSerializer[CollectCommittable]):
+    """Version 1: a 4-byte length, a JSON header (id, subtask, sequence), the IPC bytes."""
+
+    version = 1
+
+    def serialize(self, committable: CollectCommittable) -> bytes:
+        txn_id, subtask, sequence, data = committable
+        header = json.dumps([txn_id, subtask, sequence]).encode("utf-8")
+        return len(header).to_bytes(4, "big") + header + data
+
+    def deserialize(self, version: int, data: bytes) -> CollectCommittable:
+        size = int.from_bytes(data[:4], "big")
+        txn_id, subtask, sequence = json.loads(data[4 : 4 + size])
+        return (txn_id, subtask, sequence, bytes(data[4 + size :]))
+
+
+class _CollectWriter(TransactionWriter[_Buffer, CollectCommittable]):
+    """A view of the CollectSink's own transaction methods for one subtask."""
+
+    def __init__(self, sink: CollectSink, context: SinkContext) -> None:
+        self.sink = sink
+        self.context = context
+
+    def begin_transaction(self, sequence: int) -> _Buffer:
+        return self.sink.begin_transaction(self.context, sequence)
+
+    def write(self, transaction: _Buffer, batch: pa.RecordBatch) -> None:
+        self.sink.write(transaction, batch)
+
+    def transaction_size(self, transaction: _Buffer) -> int:
+        return self.sink.transaction_size(transaction)
+
+    def is_empty(self, transaction: _Buffer) -> bool:
+        return self.sink.is_empty(transaction)
+
+    def pre_commit(
+        self, transaction: _Buffer, checkpoint_id: int | None = None
+    ) -> CollectCommittable:
+        return self.sink.pre_commit(transaction)
+
+    def abort_transaction(self, transaction: _Buffer) -> None:
+        self.sink.abort_transaction(transaction)
+
+    def close(self) -> None:
+        self.sink.close()
+
+
+class _CollectCommitter(Committer[CollectCommittable]):
+    """A view of the CollectSink's own commit methods, giving ``guarantee``."""
+
+    def __init__(self, sink: CollectSink, guarantee: DeliveryGuarantee) -> None:
+        self.sink = sink
+        self.guarantee = guarantee
+
+    def commit(self, committable: CollectCommittable) -> CommitOutcome:
+        return self.sink.commit_outcome(committable, self.guarantee)
+
+    def abort(self, committable: CollectCommittable) -> None:
+        self.sink.abort(committable)
+
+    def abort_lingering(self, context: SinkContext, keep: Sequence[CollectCommittable]) -> int:
+        return self.sink.abort_lingering(context, keep)
+
+    def committable_id(self, committable: CollectCommittable) -> str:
+        return self.sink.committable_id(committable)
+
+
+class CollectSink(TwoPhaseCommittingSink[_Buffer, CollectCommittable]):
     """Brings the committed rows back to the driver as one ``pyarrow.Table``.
 
     Read them with ``result.sink_result(sink)``. Rows of one subtask keep their order;
     subtasks follow in index order. ``commit_calls`` counts commit calls, repeated
     ones included, for tests that want to see idempotence at work.
+
+    CollectSink keeps nothing in a subtask but in-memory buffers, and its outside world
+    is the collector actor (a handle that pickles with the sink). So its transaction
+    steps are its own methods, and the writer and committer it makes for a subtask
+    only call them: a subclass overrides a step (tests inject faults that way).
     """
 
     def __init__(self, delivery_guarantee=None, rolling_policy=None) -> None:
         super().__init__(delivery_guarantee, rolling_policy)
+        #: the collector actor (a handle: it pickles into every subtask), from ``setup``
         self._collector = None
 
-    def setup(self, job_name: str) -> None:
+    def setup(self, job_name: str, guarantee: Any = None) -> None:
         if self._collector is None:
             # The collector stands for the outside world: it lives on the driver's node,
             # whatever happens to the nodes the job runs on.
@@ -114,6 +202,17 @@ class CollectSink(TwoPhaseCommittingSink):
         if self._collector is None:
             raise RuntimeError("CollectSink used outside of a job (setup() was not called)")
         return self._collector
+
+    def create_transaction_writer(self, context: SinkContext) -> _CollectWriter:
+        return _CollectWriter(self, context)
+
+    def create_committer(self, context: SinkContext | None) -> _CollectCommitter:
+        return _CollectCommitter(self, self.guarantee_in(context))
+
+    def committable_serializer(self) -> _CollectSerializer:
+        return _CollectSerializer()
+
+    # --- the transaction steps ----------------------------------------------------------
 
     def begin_transaction(self, context: SinkContext, sequence: int) -> _Buffer:
         return _Buffer(
@@ -130,7 +229,9 @@ class CollectSink(TwoPhaseCommittingSink):
     def is_empty(self, transaction: _Buffer) -> bool:
         return not transaction.batches
 
-    def pre_commit(self, transaction: _Buffer) -> tuple[str, int, int, bytes]:
+    def pre_commit(
+        self, transaction: _Buffer, checkpoint_id: int | None = None
+    ) -> CollectCommittable:
         return (
             transaction.txn_id,
             transaction.subtask,
@@ -138,24 +239,35 @@ class CollectSink(TwoPhaseCommittingSink):
             _to_ipc(transaction.batches),
         )
 
-    def commit(self, committable: tuple[str, int, int, bytes]) -> None:
+    def abort_transaction(self, transaction: _Buffer) -> None:
+        transaction.batches.clear()
+
+    def commit_outcome(
+        self, committable: CollectCommittable, guarantee: DeliveryGuarantee | None = None
+    ) -> CommitOutcome:
         collector = self._require()
-        if self.delivery_guarantee is DeliveryGuarantee.EXACTLY_ONCE:
-            ref = collector.commit.remote(*committable)
-        else:
-            # Without exactly-once, commits are plain appends: a replayed transaction
-            # shows up again, as it would in any write-through store.
-            ref = collector.append.remote(committable[0], committable[3])
-        ref.future().result()
+        if (guarantee or self.delivery_guarantee) is DeliveryGuarantee.EXACTLY_ONCE:
+            new = collector.commit.remote(*committable).future().result()
+            return CommitOutcome.committed() if new else CommitOutcome.already_committed()
+        # Without exactly-once, commits are plain appends: a replayed transaction
+        # shows up again, as it would in any write-through store.
+        collector.append.remote(committable[0], committable[3]).future().result()
+        return CommitOutcome.committed()
 
-    def abort(self, committable: Any) -> None:
-        return None
+    def commit(self, committable: CollectCommittable) -> None:
+        self.commit_outcome(committable)  # answers done, or raises
 
-    def abort_transaction(self, transaction: Any) -> None:
-        return None
+    def abort(self, committable: CollectCommittable) -> None:
+        return None  # nothing of it is outside the checkpoint before commit
 
-    def committable_id(self, committable: tuple[str, int, int, bytes]) -> str:
+    def abort_lingering(self, context: SinkContext, keep: Sequence[CollectCommittable]) -> int:
+        return 0  # transactions live in checkpoints only: none can linger outside
+
+    def committable_id(self, committable: CollectCommittable) -> str:
         return committable[0]
+
+    def close(self) -> None:
+        """Called once per subtask attempt when its writer closes (nothing to release)."""
 
     def merge_results(self, results: list[Any]) -> pa.Table:
         contents = ray.get(self._require().contents.remote())

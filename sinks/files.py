@@ -27,11 +27,12 @@ over some of them; a run restored from an earlier one continues with its own nam
   :class:`FileCommittable`: paths, size, a random token of the transaction and, on a
   local filesystem, the file's identity (see below).
 * ``commit`` renames the in-progress file to its final name (atomic on a local
-  filesystem). It is idempotent: when the in-progress file is gone and the final
-  file is the one this transaction wrote, the part is already committed. When the
-  final file is another one (of any size: the same job run again under its name, a
-  replay) ``commit`` raises, and when neither exists the pre-committed data is gone
-  and ``commit`` raises too.
+  filesystem) and answers COMMITTED. It is idempotent: when the in-progress file is
+  gone and the final file is the one this transaction wrote, it answers
+  ALREADY_COMMITTED. When the final file is another one (of any size: the same job
+  run again under its name, a replay) it answers FAILED, and so it does when neither
+  exists (the pre-committed data is gone); an I/O error answers RETRY_LATER. Used
+  directly (``sink.commit``), FAILED and RETRY_LATER raise.
 
 How a repeated commit knows the final file is its own (a size alone cannot tell: a
 job run again writes the same names, often with the same sizes):
@@ -50,11 +51,15 @@ job run again writes the same names, often with the same sizes):
   two runs committing one name at the same moment can still race.) The markers stay,
   one per final name; readers skip them (leading dot).
 * Committables of older versions (``(tmp_path, final_path, size)``) are still
-  recognised by size only, with a warning.
+  recognised by size only, with a warning. In checkpoints, committables are stored
+  as JSON (:class:`FileCommittableSerializer`, version 1).
 * After a restore, ``abort_lingering`` deletes this subtask's in-progress files that
   the restored checkpoint does not hold. In NONE mode (where the runtime may run
   without checkpoints and so never calls it) the first transaction of a subtask
-  attempt does the same: no checkpoint can refer to an uncommitted part there.
+  attempt's writer does the same: no checkpoint can refer to an uncommitted part there.
+
+The sink object is configuration (path, format, filesystem); each subtask makes its
+writer (the open part files) and committer from it.
 
 Guarantees: EXACTLY_ONCE (parts are published only when the checkpoint that
 pre-committed them completes), AT_LEAST_ONCE (published at every checkpoint barrier
@@ -68,11 +73,13 @@ atomic rename; for S3 prefer ``sinks.s3``, which publishes with a multipart uplo
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import posixpath
 import re
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -81,10 +88,18 @@ import pyarrow.fs as pafs
 
 from rayflow.durability import fsync_dir, fsync_file
 from rayflow.guarantees import DeliveryGuarantee
-from rayflow.sink import RollingPolicy, SinkContext, TwoPhaseCommittingSink
+from rayflow.sink import (
+    CommitOutcome,
+    CommittableSerializer,
+    Committer,
+    RollingPolicy,
+    SinkContext,
+    TransactionWriter,
+    TwoPhaseCommittingSink,
+)
 from sinks.formats import FORMATS, Encoder, extension_of, open_encoder
 
-__all__ = ["FileSink", "FileCommittable"]
+__all__ = ["FileSink", "FileCommittable", "FileCommittableSerializer"]
 
 log = logging.getLogger("rayflow.sinks.files")
 
@@ -121,11 +136,43 @@ class _PartFile:
     closed: bool = False
 
 
-class FileSink(TwoPhaseCommittingSink):
+class FileCommittableSerializer(CommittableSerializer[FileCommittable]):
+    """Version 1: the committable's fields as JSON (no class names in checkpoints)."""
+
+    version = 1
+
+    def serialize(self, committable: FileCommittable) -> bytes:
+        c = FileCommittable(*committable)
+        return json.dumps(
+            {
+                "tmp_path": c.tmp_path,
+                "final_path": c.final_path,
+                "size": c.size,
+                "token": c.token,
+                "file_id": list(c.file_id) if c.file_id is not None else None,
+                "boot_id": c.boot_id,
+            },
+            separators=(",", ":"),
+        ).encode("utf-8")
+
+    def deserialize(self, version: int, data: bytes) -> FileCommittable:
+        d = json.loads(data)
+        file_id = d.get("file_id")
+        return FileCommittable(
+            d["tmp_path"],
+            d["final_path"],
+            d["size"],
+            token=d.get("token"),
+            file_id=tuple(file_id) if file_id is not None else None,
+            boot_id=d.get("boot_id"),
+        )
+
+
+class FileSink(TwoPhaseCommittingSink[_PartFile, FileCommittable]):
     """Writes part files into the directory ``path``; see the module docstring.
 
     ``format``: ``"jsonl"``, ``"csv"`` or ``"parquet"``. ``delivery_guarantee``: left
-    open (None), the job picks the strongest its checkpointing allows (EXACTLY_ONCE
+    open (None), each job gives the strongest its checkpointing allows (EXACTLY_ONCE
     with exactly-once checkpointing). ``rolling_policy``: when a part file is closed
     and the next begun (always at a checkpoint; also on size or age).
     ``filesystem``: a ``pyarrow.fs.FileSystem``; ``path`` is then a path inside it.
@@ -147,9 +194,6 @@ class FileSink(TwoPhaseCommittingSink):
         self.filesystem, self.directory = _resolve(path, filesystem)
         self._local = _local_root(self.filesystem)
         self._job_name: str | None = None
-        self._open: dict[str, _PartFile] = {}
-        self._swept: set[SinkContext] = set()
-        self._dir_ready = False
         if self._local is not None and os.path.isfile(self._local_path(self.directory)):
             raise ValueError(
                 f"FileSink: path {path!r} is a file; it must be a directory (created when missing)"
@@ -191,9 +235,9 @@ class FileSink(TwoPhaseCommittingSink):
 
     # --- the driver ------------------------------------------------------------------------
 
-    def setup(self, job_name: str) -> None:
+    def setup(self, job_name: str, guarantee: Any = None) -> None:
         self._job_name = job_name
-        self._ensure_dir()
+        self._make_dir()
 
     def merge_results(self, results: list[Any]) -> list[str]:
         """The committed part files of this job in ``path``, in name (= output) order."""
@@ -220,19 +264,84 @@ class FileSink(TwoPhaseCommittingSink):
             and info.base_name.endswith(IN_PROGRESS_SUFFIX)
         )
 
-    # --- transactions ----------------------------------------------------------------------
+    # --- the subtask's parts ---------------------------------------------------------------
 
-    def begin_transaction(self, context: SinkContext, sequence: int) -> _PartFile:
-        if self.delivery_guarantee is DeliveryGuarantee.NONE and context not in self._swept:
+    def create_transaction_writer(self, context: SinkContext) -> _FileWriter:
+        return _FileWriter(self, context)
+
+    def create_committer(self, context: SinkContext | None) -> _FileCommitter:
+        return _FileCommitter(self)
+
+    def committable_serializer(self) -> FileCommittableSerializer:
+        return FileCommittableSerializer()
+
+    # --- helpers ---------------------------------------------------------------------------
+
+    def _make_dir(self) -> None:
+        self.filesystem.create_dir(self.directory, recursive=True)
+
+    def _list(self) -> list[pafs.FileInfo]:
+        selector = pafs.FileSelector(self.directory, allow_not_found=True, recursive=False)
+        return self.filesystem.get_file_info(selector)
+
+    def _delete(self, path: str) -> None:
+        try:
+            self.filesystem.delete_file(path)
+        except FileNotFoundError:
+            pass
+
+    def _local_path(self, path: str) -> str:
+        return os.path.join(self._local, path.lstrip("/")) if self._local else path
+
+    def _abort_lingering(self, context: SinkContext, keep: Sequence[Any]) -> int:
+        """Delete the in-progress files of subtask ``context`` not in ``keep``
+        (committables, plain tuples of older versions, or open parts)."""
+        prefix = f".{self.transaction_prefix(context)}"
+        kept = {c.tmp_path if isinstance(c, _PartFile) else c[0] for c in keep}
+        aborted = 0
+        for info in self._list():
+            name = info.base_name
+            if (
+                info.type is pafs.FileType.File
+                and name.startswith(prefix)
+                and name.endswith(IN_PROGRESS_SUFFIX)
+                and info.path not in kept
+            ):
+                context.check_fence(f"FileSink: delete of {name}")
+                self._delete(info.path)
+                aborted += 1
+        return aborted
+
+    def __repr__(self) -> str:
+        return (
+            f"FileSink({self.directory!r}, format={self.format!r}, "
+            f"delivery_guarantee={self.delivery_guarantee.name})"
+        )
+
+
+class _FileWriter(TransactionWriter[_PartFile, FileCommittable]):
+    """One subtask's part files: opened at the first write, pre-committed by closing and
+    syncing them."""
+
+    def __init__(self, sink: FileSink, context: SinkContext) -> None:
+        self.sink = sink
+        self.context = context
+        self.guarantee = sink.guarantee_in(context)
+        self._open: dict[str, _PartFile] = {}
+        self._swept = False
+        self._dir_ready = False
+
+    def begin_transaction(self, sequence: int) -> _PartFile:
+        if self.guarantee is DeliveryGuarantee.NONE and not self._swept:
             # Without checkpoints the runtime never calls abort_lingering, so parts left
             # open by a failed attempt would stay forever. In NONE mode no checkpoint can
             # refer to an uncommitted part: every in-progress file of this subtask that
-            # this process did not open is garbage.
-            self._swept.add(context)
-            dropped = self.abort_lingering(context, list(self._open.values()))
+            # this writer did not open is garbage.
+            self._swept = True
+            dropped = self.sink._abort_lingering(self.context, list(self._open.values()))
             if dropped:
                 log.info("FileSink: dropped %d in-progress part(s) of an earlier attempt", dropped)
-        tmp_path, final_path = self._names(context, sequence)
+        tmp_path, final_path = self.sink._names(self.context, sequence)
         return _PartFile(tmp_path, final_path)
 
     def write(self, transaction: _PartFile, batch: pa.RecordBatch) -> None:
@@ -241,13 +350,16 @@ class FileSink(TwoPhaseCommittingSink):
         if batch.num_rows == 0:
             return
         if transaction.stream is None:
-            self._ensure_dir()
+            if not self._dir_ready:
+                self.sink._make_dir()
+                self._dir_ready = True
+            self.context.check_fence(f"FileSink: open of {transaction.tmp_path}")
             # compression=None: never guess a codec from the file name.
-            transaction.stream = self.filesystem.open_output_stream(
+            transaction.stream = self.sink.filesystem.open_output_stream(
                 transaction.tmp_path, compression=None
             )
             self._open[transaction.tmp_path] = transaction
-            transaction.encoder = open_encoder(self.format, transaction.stream)
+            transaction.encoder = open_encoder(self.sink.format, transaction.stream)
         transaction.encoder.write(batch)
         transaction.rows += batch.num_rows
         transaction.size = transaction.stream.tell()
@@ -258,7 +370,9 @@ class FileSink(TwoPhaseCommittingSink):
     def is_empty(self, transaction: _PartFile) -> bool:
         return transaction.rows == 0
 
-    def pre_commit(self, transaction: _PartFile) -> FileCommittable:
+    def pre_commit(
+        self, transaction: _PartFile, checkpoint_id: int | None = None
+    ) -> FileCommittable:
         if transaction.stream is None:
             raise RuntimeError(
                 f"FileSink: nothing was written into {transaction.tmp_path}; an empty "
@@ -270,10 +384,11 @@ class FileSink(TwoPhaseCommittingSink):
         transaction.closed = True
         self._open.pop(transaction.tmp_path, None)
         file_id = boot_id = None
-        if self._local is not None:
-            local_tmp = self._local_path(transaction.tmp_path)
+        sink = self.sink
+        if sink._local is not None:
+            local_tmp = sink._local_path(transaction.tmp_path)
             fsync_file(local_tmp)
-            fsync_dir(self._local_path(self.directory))
+            fsync_dir(sink._local_path(sink.directory))
             st = os.stat(local_tmp)  # a rename keeps device, inode and mtime
             file_id, boot_id = (st.st_dev, st.st_ino, st.st_mtime_ns), _boot_id()
         return FileCommittable(
@@ -285,37 +400,74 @@ class FileSink(TwoPhaseCommittingSink):
             boot_id=boot_id,
         )
 
-    def commit(self, committable: FileCommittable) -> None:
+    def abort_transaction(self, transaction: _PartFile) -> None:
+        self._open.pop(transaction.tmp_path, None)
+        if transaction.stream is not None and not transaction.closed:
+            try:
+                # Close the encoder too, or a Parquet writer complains when collected.
+                transaction.encoder.close()
+                transaction.stream.close()
+            except Exception:  # noqa: BLE001 - the file is deleted next
+                pass
+        transaction.closed = True
+        if transaction.stream is not None:
+            self.sink._delete(transaction.tmp_path)
+
+    def close(self) -> None:
+        """Drops the parts still open in this subtask: they were never pre-committed, so no
+        checkpoint can refer to them."""
+        for transaction in list(self._open.values()):
+            try:
+                self.abort_transaction(transaction)
+            except Exception as exc:  # noqa: BLE001 - abort_lingering removes it later
+                log.warning("FileSink: could not drop %s: %s", transaction.tmp_path, exc)
+        self._open.clear()
+
+
+class _FileCommitter(Committer[FileCommittable]):
+    """Publishes part files by renaming them; recognises its own committed parts by
+    inode (local) or commit marker (elsewhere)."""
+
+    def __init__(self, sink: FileSink) -> None:
+        self.sink = sink
+        self.filesystem = sink.filesystem
+
+    def commit(self, committable: FileCommittable) -> CommitOutcome:
         committable = FileCommittable(*committable)  # a plain tuple of an older version too
         tmp_path, final_path, size = committable[:3]
-        tmp, final = self.filesystem.get_file_info([tmp_path, final_path])
-        if tmp.type is pafs.FileType.File:
+        try:
+            tmp, final = self.filesystem.get_file_info([tmp_path, final_path])
+            if tmp.type is pafs.FileType.File:
+                if final.type is pafs.FileType.File:
+                    # A sequence number used again: a restore from an older checkpoint, or
+                    # an at-least-once replay. The newer part replaces the older one.
+                    log.warning("FileSink: %s exists; replacing it with %s", final_path, tmp_path)
+                if self._uses_marker(committable):
+                    # Before the move: a commit that dies after the move is still recognised.
+                    self._write_marker(final_path, committable.token)
+                self.filesystem.move(tmp_path, final_path)
+                if self.sink._local is not None:
+                    fsync_dir(self.sink._local_path(self.sink.directory))
+                return CommitOutcome.committed()
             if final.type is pafs.FileType.File:
-                # A sequence number used again: a restore from an older checkpoint, or an
-                # at-least-once replay. The newer part replaces the older one.
-                log.warning("FileSink: %s exists; replacing it with %s", final_path, tmp_path)
-            if self._uses_marker(committable):
-                # Before the move: a commit that dies after the move is still recognised.
-                self._write_marker(final_path, committable.token)
-            self.filesystem.move(tmp_path, final_path)
-            if self._local is not None:
-                fsync_dir(self._local_path(self.directory))
-            return
-        if final.type is pafs.FileType.File:
-            problem = self._not_ours(committable, final)
-            if problem is None:
-                return  # committed before (a commit repeated after a restore)
-            raise RuntimeError(
-                f"FileSink: cannot commit {final_path}: its in-progress file {tmp_path} is gone "
-                f"and {problem}; something else wrote that name (another job, or another run "
-                "of this job, with the same name into the same directory?), so this "
-                "transaction's output is not what is visible"
-            )
-        raise RuntimeError(
+                problem = self._not_ours(committable, final)
+                if problem is None:
+                    return CommitOutcome.already_committed(f"{final_path} is this part")
+                message = (
+                    f"FileSink: cannot commit {final_path}: its in-progress file {tmp_path} is "
+                    f"gone and {problem}; something else wrote that name (another job, or "
+                    "another run of this job, with the same name into the same directory?), "
+                    "so this transaction's output is not what is visible"
+                )
+                return CommitOutcome.failed(message, RuntimeError(message))
+        except OSError as exc:  # storage unreachable or full for now: not decided
+            return CommitOutcome.retry_later(f"{type(exc).__name__}: {exc}", exc)
+        message = (
             f"FileSink: cannot commit {final_path}: neither it nor its in-progress file "
             f"{tmp_path} exists, so the pre-committed data ({size} bytes) was lost. Was the "
             "directory cleaned, or is it not shared by every node?"
         )
+        return CommitOutcome.failed(message, RuntimeError(message))
 
     def _uses_marker(self, committable: FileCommittable) -> bool:
         """Whether ``committable`` is recognised by a commit marker (not by its inode)."""
@@ -345,9 +497,10 @@ class FileSink(TwoPhaseCommittingSink):
         size = committable.size
         if final.size != size:
             return f"the final file has {final.size} bytes, not the {size} pre-committed"
-        if committable.file_id is not None and self._local is not None:
+        sink = self.sink
+        if committable.file_id is not None and sink._local is not None:
             try:
-                st = os.stat(self._local_path(committable.final_path))
+                st = os.stat(sink._local_path(committable.final_path))
             except FileNotFoundError:
                 return "the final file vanished while it was checked"
             dev, ino, mtime_ns = committable.file_id
@@ -385,82 +538,13 @@ class FileSink(TwoPhaseCommittingSink):
         return None
 
     def abort(self, committable: FileCommittable) -> None:
-        self._delete(committable[0])
+        self.sink._delete(committable[0])
 
-    def abort_transaction(self, transaction: _PartFile) -> None:
-        self._open.pop(transaction.tmp_path, None)
-        if transaction.stream is not None and not transaction.closed:
-            try:
-                # Close the encoder too, or a Parquet writer complains when collected.
-                transaction.encoder.close()
-                transaction.stream.close()
-            except Exception:  # noqa: BLE001 - the file is deleted next
-                pass
-        transaction.closed = True
-        if transaction.stream is not None:
-            self._delete(transaction.tmp_path)
-
-    def abort_lingering(self, context: SinkContext, keep: list[Any]) -> int:
-        prefix = f".{self.transaction_prefix(context)}"
-        kept = {c.tmp_path if isinstance(c, _PartFile) else c[0] for c in keep}
-        aborted = 0
-        for info in self._list():
-            name = info.base_name
-            if (
-                info.type is pafs.FileType.File
-                and name.startswith(prefix)
-                and name.endswith(IN_PROGRESS_SUFFIX)
-                and info.path not in kept
-            ):
-                self._delete(info.path)
-                aborted += 1
-        return aborted
+    def abort_lingering(self, context: SinkContext, keep: Sequence[FileCommittable]) -> int:
+        return self.sink._abort_lingering(context, keep)
 
     def committable_id(self, committable: FileCommittable) -> str:
         return posixpath.basename(committable[1])
-
-    def close(self) -> None:
-        """Drops the parts still open in this subtask: they were never pre-committed, so no
-        checkpoint can refer to them."""
-        for transaction in list(self._open.values()):
-            try:
-                self.abort_transaction(transaction)
-            except Exception as exc:  # noqa: BLE001 - abort_lingering removes it later
-                log.warning("FileSink: could not drop %s: %s", transaction.tmp_path, exc)
-        self._open.clear()
-
-    # --- helpers ---------------------------------------------------------------------------
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        state["_open"] = {}  # open streams stay in the process that opened them
-        state["_swept"] = set()
-        state["_dir_ready"] = False
-        return state
-
-    def _ensure_dir(self) -> None:
-        if not self._dir_ready:
-            self.filesystem.create_dir(self.directory, recursive=True)
-            self._dir_ready = True
-
-    def _list(self) -> list[pafs.FileInfo]:
-        selector = pafs.FileSelector(self.directory, allow_not_found=True, recursive=False)
-        return self.filesystem.get_file_info(selector)
-
-    def _delete(self, path: str) -> None:
-        try:
-            self.filesystem.delete_file(path)
-        except FileNotFoundError:
-            pass
-
-    def _local_path(self, path: str) -> str:
-        return os.path.join(self._local, path.lstrip("/")) if self._local else path
-
-    def __repr__(self) -> str:
-        return (
-            f"FileSink({self.directory!r}, format={self.format!r}, "
-            f"delivery_guarantee={self.delivery_guarantee.name})"
-        )
 
 
 def _name_part(text: str, limit: int) -> str:

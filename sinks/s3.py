@@ -34,7 +34,10 @@ sequence order; a rerun never writes over an earlier run's objects.
 
 Transient errors (5xx, SlowDown throttling, connection errors) are retried by
 botocore (standard retry mode, ``max_attempts`` 4 unless ``config`` says
-otherwise) and, for commits, again by the runtime's commit retry.
+otherwise). A commit that still fails answers RETRY_LATER (the runtime tries again
+later) unless it is decided: an object at the key that is not this transaction's, or
+an error after which no retry can help (NoSuchUpload with no object: the output is
+lost), answers FAILED.
 
 Mind the bucket's lifecycle rules: an ``AbortIncompleteMultipartUpload`` rule
 drops open uploads after some days; pass ``max_transaction_lifetime_s`` so a
@@ -45,20 +48,37 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import logging
 import re
-import threading
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
 
+from rayflow import process_local
 from rayflow.guarantees import DeliveryGuarantee
-from rayflow.sink import RollingPolicy, SinkContext, TwoPhaseCommittingSink
+from rayflow.sink import (
+    CommitOutcome,
+    CommittableSerializer,
+    Committer,
+    RollingPolicy,
+    SinkContext,
+    TransactionWriter,
+    TwoPhaseCommittingSink,
+)
 from sinks.formats import Encoder, check_format, extension_of, open_encoder
 
-__all__ = ["S3FileSink", "S3Committable", "S3CommitError", "MIN_PART_SIZE", "MAX_PART_SIZE"]
+__all__ = [
+    "S3FileSink",
+    "S3Committable",
+    "S3CommittableSerializer",
+    "S3CommitError",
+    "MIN_PART_SIZE",
+    "MAX_PART_SIZE",
+]
 
 log = logging.getLogger("rayflow.sinks.s3")
 
@@ -182,15 +202,55 @@ def _error_code(exc: Exception) -> str:
     return str(response.get("Error", {}).get("Code", ""))
 
 
-class S3FileSink(TwoPhaseCommittingSink):
+class S3CommittableSerializer(CommittableSerializer[S3Committable]):
+    """Version 1: the committable's fields as JSON (no class names in checkpoints)."""
+
+    version = 1
+
+    def serialize(self, committable: S3Committable) -> bytes:
+        c = committable
+        return json.dumps(
+            {
+                "bucket": c.bucket,
+                "key": c.key,
+                "upload_id": c.upload_id,
+                "parts": [list(p) for p in c.parts],
+                "size": c.size,
+                "records": c.records,
+                "checksum_algorithm": c.checksum_algorithm,
+                "checksums": list(c.checksums),
+                "transaction_token": c.transaction_token,
+            },
+            separators=(",", ":"),
+        ).encode("utf-8")
+
+    def deserialize(self, version: int, data: bytes) -> S3Committable:
+        d = json.loads(data)
+        return S3Committable(
+            bucket=d["bucket"],
+            key=d["key"],
+            upload_id=d["upload_id"],
+            parts=tuple((int(n), str(etag)) for n, etag in d["parts"]),
+            size=d["size"],
+            records=d.get("records", 0),
+            checksum_algorithm=d.get("checksum_algorithm"),
+            checksums=tuple(d.get("checksums") or ()),
+            transaction_token=d.get("transaction_token"),
+        )
+
+
+class S3FileSink(TwoPhaseCommittingSink[_Transaction, S3Committable]):
     """Writes part files to ``s3://bucket/prefix/`` through multipart uploads.
 
     ``format``: ``"jsonl"``, ``"csv"`` or ``"parquet"``. ``part_size``: bytes per
     uploaded part (5 MiB .. 5 GiB); memory per subtask is about one part.
+    ``delivery_guarantee``: left open (None), each job gives the strongest its
+    checkpointing allows (EXACTLY_ONCE with exactly-once checkpointing).
     ``endpoint_url`` and ``**client_options`` (``region_name``, ``aws_access_key_id``,
     ``aws_secret_access_key``, ``config``, ...) go to ``boto3.client("s3", ...)``;
-    without credentials boto3's usual chain applies. The client is created lazily
-    in each process and never pickled; ``repr`` never shows secrets.
+    without credentials boto3's usual chain applies. The sink is configuration only:
+    each process makes its own client on first use (``client``), never pickled;
+    ``repr`` never shows secrets.
     """
 
     #: Checksum declared on CreateMultipartUpload and sent with every part (None: none).
@@ -201,7 +261,7 @@ class S3FileSink(TwoPhaseCommittingSink):
         bucket: str,
         prefix: str = "",
         format: str = "jsonl",
-        delivery_guarantee: DeliveryGuarantee = DeliveryGuarantee.EXACTLY_ONCE,
+        delivery_guarantee: DeliveryGuarantee | None = None,
         rolling_policy: RollingPolicy | None = None,
         endpoint_url: str | None = None,
         part_size: int = MIN_PART_SIZE,
@@ -223,24 +283,11 @@ class S3FileSink(TwoPhaseCommittingSink):
         self.extension = extension_of(format)
         self.endpoint_url = endpoint_url
         self.part_size = part_size
+        #: the bucket's lifecycle rule for open uploads (AbortIncompleteMultipartUpload)
         self.max_transaction_lifetime_s = max_transaction_lifetime_s
         self.client_options = dict(client_options)
-        self._client: Any = None
-        self._lock = threading.Lock()
-        self._open: dict[int, _Transaction] = {}
 
     # --- plumbing -----------------------------------------------------------------------
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        state["_client"] = None
-        state["_lock"] = None
-        state["_open"] = {}
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._lock = threading.Lock()
 
     def __repr__(self) -> str:
         options = {
@@ -259,12 +306,14 @@ class S3FileSink(TwoPhaseCommittingSink):
 
     @property
     def client(self) -> Any:
-        """This process's boto3 S3 client (created on first use)."""
-        if self._client is None:
-            with self._lock:
-                if self._client is None:
-                    self._client = self._make_client()
-        return self._client
+        """This process's boto3 S3 client for this sink (made on first use; a copy of the
+        sink in another process makes its own)."""
+        return process_local.local(self, "client", self._make_client)
+
+    @property
+    def _client(self) -> Any:
+        """The client this process made for this sink, None before the first use."""
+        return process_local.local(self, "client")
 
     def _make_client(self) -> Any:
         import boto3
@@ -290,16 +339,54 @@ class S3FileSink(TwoPhaseCommittingSink):
         run = f"{context.run_tag()}-" if context.run_id else ""
         return f"{self.key_prefix(context)}{run}{sequence:08d}.{self.extension}"
 
-    # --- transactions -------------------------------------------------------------------
+    def create_transaction_writer(self, context: SinkContext) -> _S3Writer:
+        return _S3Writer(self, context)
 
-    def begin_transaction(self, context: SinkContext, sequence: int) -> _Transaction:
+    def create_committer(self, context: SinkContext | None) -> _S3Committer:
+        return _S3Committer(self)
+
+    def committable_serializer(self) -> S3CommittableSerializer:
+        return S3CommittableSerializer()
+
+    def close(self) -> None:
+        """Direct use: close this process's writers and committer, then drop the client."""
+        super().close()
+        process_local.drop(self, "client")
+
+    def merge_results(self, results: list[Any]) -> int:
+        """The number of commits (repeated ones included) of all subtasks."""
+        return sum(r for r in results if isinstance(r, int))
+
+
+def _abort_upload(client: Any, bucket: str, key: str, upload_id: str) -> None:
+    try:
+        client.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload_id)
+    except Exception as exc:
+        if _error_code(exc) in ("NoSuchUpload", "404"):
+            return  # already aborted or completed
+        raise
+
+
+class _S3Writer(TransactionWriter[_Transaction, S3Committable]):
+    """One subtask's part files in progress (open multipart uploads)."""
+
+    def __init__(self, sink: S3FileSink, context: SinkContext) -> None:
+        self.sink = sink
+        self.context = context
+        self._open: dict[int, _Transaction] = {}
+
+    @property
+    def client(self) -> Any:
+        return self.sink.client
+
+    def begin_transaction(self, sequence: int) -> _Transaction:
         buffer = _PartBuffer()
         transaction = _Transaction(
-            bucket=self.bucket,
-            key=self.key_for(context, sequence),
+            bucket=self.sink.bucket,
+            key=self.sink.key_for(self.context, sequence),
             sequence=sequence,
             buffer=buffer,
-            encoder=open_encoder(self.format, buffer),
+            encoder=open_encoder(self.sink.format, buffer),
         )
         self._open[id(transaction)] = transaction
         return transaction
@@ -311,8 +398,8 @@ class S3FileSink(TwoPhaseCommittingSink):
             self._create_upload(transaction)
         transaction.encoder.write(batch)
         transaction.records += batch.num_rows
-        while transaction.buffer.buffered >= self.part_size:
-            self._upload_part(transaction, transaction.buffer.take(self.part_size))
+        while transaction.buffer.buffered >= self.sink.part_size:
+            self._upload_part(transaction, transaction.buffer.take(self.sink.part_size))
 
     def transaction_size(self, transaction: _Transaction) -> int:
         return transaction.buffer.position
@@ -320,7 +407,9 @@ class S3FileSink(TwoPhaseCommittingSink):
     def is_empty(self, transaction: _Transaction) -> bool:
         return transaction.records == 0
 
-    def pre_commit(self, transaction: _Transaction) -> S3Committable:
+    def pre_commit(
+        self, transaction: _Transaction, checkpoint_id: int | None = None
+    ) -> S3Committable:
         transaction.encoder.close()
         if transaction.upload_id is None:
             self._create_upload(transaction)
@@ -343,7 +432,7 @@ class S3FileSink(TwoPhaseCommittingSink):
             parts=tuple(transaction.parts),
             size=transaction.uploaded,
             records=transaction.records,
-            checksum_algorithm=self.checksum_algorithm,
+            checksum_algorithm=self.sink.checksum_algorithm,
             checksums=tuple(transaction.checksums),
             transaction_token=transaction.token,
         )
@@ -355,8 +444,9 @@ class S3FileSink(TwoPhaseCommittingSink):
             # The completed object carries it: a repeated commit recognises its own object.
             "Metadata": {TRANSACTION_METADATA: transaction.token},
         }
-        if self.checksum_algorithm:
-            kwargs["ChecksumAlgorithm"] = self.checksum_algorithm
+        if self.sink.checksum_algorithm:
+            kwargs["ChecksumAlgorithm"] = self.sink.checksum_algorithm
+        self.context.check_fence(f"S3FileSink: upload of {transaction.key}")
         transaction.upload_id = self.client.create_multipart_upload(**kwargs)["UploadId"]
 
     def _upload_part(self, transaction: _Transaction, data: bytes) -> None:
@@ -367,6 +457,7 @@ class S3FileSink(TwoPhaseCommittingSink):
                 f"{MAX_PARTS} parts; raise part_size or roll part files sooner "
                 "(RollingPolicy.max_part_size)"
             )
+        algorithm = self.sink.checksum_algorithm
         kwargs: dict[str, Any] = {
             "Bucket": transaction.bucket,
             "Key": transaction.key,
@@ -374,20 +465,68 @@ class S3FileSink(TwoPhaseCommittingSink):
             "PartNumber": number,
             "Body": data,
         }
-        if self.checksum_algorithm:
-            kwargs["ChecksumAlgorithm"] = self.checksum_algorithm
+        if algorithm:
+            kwargs["ChecksumAlgorithm"] = algorithm
         response = self.client.upload_part(**kwargs)
         transaction.parts.append((number, response["ETag"]))
-        if self.checksum_algorithm:
-            checksum = response.get(f"Checksum{self.checksum_algorithm.upper()}")
+        if algorithm:
+            checksum = response.get(f"Checksum{algorithm.upper()}")
             if checksum is None:
-                checksum = _local_checksum(self.checksum_algorithm, data)
+                checksum = _local_checksum(algorithm, data)
             transaction.checksums.append(checksum)
         transaction.uploaded += len(data)
 
-    # --- commit / abort -----------------------------------------------------------------
+    def abort_transaction(self, transaction: _Transaction) -> None:
+        self._open.pop(id(transaction), None)
+        transaction.done = True
+        if transaction.upload_id is not None:
+            _abort_upload(self.client, transaction.bucket, transaction.key, transaction.upload_id)
 
-    def commit(self, committable: S3Committable) -> None:
+    def close(self) -> None:
+        """Abort the uploads of transactions still open here (never pre-committed ones:
+        those may belong to a completed checkpoint)."""
+        for transaction in list(self._open.values()):
+            try:
+                self.abort_transaction(transaction)
+            except Exception as exc:  # noqa: BLE001 - best effort; abort_lingering catches it
+                log.warning(
+                    "could not abort open upload of s3://%s/%s: %s",
+                    transaction.bucket,
+                    transaction.key,
+                    exc,
+                )
+        self._open.clear()
+
+
+#: Error codes after which a commit cannot succeed by trying again.
+_PERMANENT_CODES = frozenset(
+    {
+        "NoSuchUpload",
+        "NoSuchBucket",
+        "InvalidPart",
+        "InvalidPartOrder",
+        "EntityTooSmall",
+        "AccessDenied",
+        "InvalidAccessKeyId",
+        "InvalidRequest",
+        "MalformedXML",
+        "404",
+    }
+)
+
+
+class _S3Committer(Committer[S3Committable]):
+    """Completes multipart uploads; a repeated commit is recognised by the object's
+    transaction token."""
+
+    def __init__(self, sink: S3FileSink) -> None:
+        self.sink = sink
+
+    @property
+    def client(self) -> Any:
+        return self.sink.client
+
+    def commit(self, committable: S3Committable) -> CommitOutcome:
         parts = []
         for position, (number, etag) in enumerate(committable.parts):
             part: dict[str, Any] = {"PartNumber": number, "ETag": etag}
@@ -404,29 +543,36 @@ class S3FileSink(TwoPhaseCommittingSink):
                 MultipartUpload={"Parts": parts},
             )
             log.debug("committed %s (%d bytes)", committable.url, committable.size)
-            return
+            return CommitOutcome.committed()
         except Exception as exc:  # noqa: BLE001 - decided by the object's presence below
             error = exc
         # The upload may be gone because it was completed before (a commit repeated after a
         # failure): the object itself says whether this committable is visible.
-        problem = self._visible_problem(committable)
+        problem, decided = self._visible_problem(committable)
         if problem is None:
             log.info(
                 "%s was committed before (upload %s is gone): nothing to do",
                 committable.url,
                 committable.upload_id[:12],
             )
-            return
+            return CommitOutcome.already_committed(f"{committable.url} carries this transaction")
         code = _error_code(error) or type(error).__name__
-        raise S3CommitError(
+        message = (
             f"could not commit {committable.url} (upload id {committable.upload_id}): "
             f"CompleteMultipartUpload failed with {code}: {error}; and {problem}"
-        ) from error
+        )
+        failure = S3CommitError(message)
+        failure.__cause__ = error
+        if decided or code in _PERMANENT_CODES:
+            return CommitOutcome.failed(message, failure)
+        # Throttled, a 5xx, a connection error: not decided yet.
+        return CommitOutcome.retry_later(message, failure)
 
-    def _visible_problem(self, committable: S3Committable) -> str | None:
-        """None when the object at the key is the one ``committable`` committed; else what
-        is wrong. The object's ``rayflow-transaction`` metadata decides; size and ETag
-        are checked too."""
+    def _visible_problem(self, committable: S3Committable) -> tuple[str | None, bool]:
+        """(None, True) when the object at the key is the one ``committable`` committed;
+        else what is wrong, and whether that is decided (an object that is not ours) or
+        may change (no object yet, or it could not be checked). The object's
+        ``rayflow-transaction`` metadata decides; size and ETag are checked too."""
         try:
             head = self.client.head_object(Bucket=committable.bucket, Key=committable.key)
         except Exception as exc:  # noqa: BLE001
@@ -434,14 +580,16 @@ class S3FileSink(TwoPhaseCommittingSink):
                 return (
                     "no object exists at the key: unless the error is transient, the "
                     "upload was aborted or expired before it was completed (its output "
-                    "is lost)"
+                    "is lost)",
+                    False,
                 )
-            return f"the object could not be checked ({type(exc).__name__}: {exc})"
+            return f"the object could not be checked ({type(exc).__name__}: {exc})", False
         size = head.get("ContentLength")
         if size != committable.size:
             return (
                 f"the object there has {size} bytes, not the {committable.size} this "
-                "transaction wrote"
+                "transaction wrote",
+                True,
             )
         token = committable.transaction_token
         if token is not None:
@@ -457,7 +605,8 @@ class S3FileSink(TwoPhaseCommittingSink):
                     f"the object there (of the same size) was written by {writer}, not by "
                     f"this transaction ({token}): something else replaced it (the same job "
                     "run again under its name, a replay, another writer), so this "
-                    "transaction's output is not what is visible"
+                    "transaction's output is not what is visible",
+                    True,
                 )
         expected = committable.expected_etag()
         match = _MULTIPART_ETAG.match(str(head.get("ETag", "")))
@@ -466,7 +615,8 @@ class S3FileSink(TwoPhaseCommittingSink):
             if f"{match.group(1).lower()}-{match.group(2)}" != expected:
                 return (
                     f"the object there has ETag {head.get('ETag')}, not the {expected} "
-                    "of this transaction's parts"
+                    "of this transaction's parts",
+                    True,
                 )
         if token is None:
             log.warning(
@@ -476,67 +626,33 @@ class S3FileSink(TwoPhaseCommittingSink):
                 committable.url,
                 " and multipart ETag" if etag_checked else "",
             )
-        return None
+        return None, True
 
     def abort(self, committable: S3Committable) -> None:
-        self._abort_upload(committable.bucket, committable.key, committable.upload_id)
+        _abort_upload(self.client, committable.bucket, committable.key, committable.upload_id)
 
-    def abort_transaction(self, transaction: _Transaction) -> None:
-        self._open.pop(id(transaction), None)
-        transaction.done = True
-        if transaction.upload_id is not None:
-            self._abort_upload(transaction.bucket, transaction.key, transaction.upload_id)
-
-    def _abort_upload(self, bucket: str, key: str, upload_id: str) -> None:
-        try:
-            self.client.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload_id)
-        except Exception as exc:
-            if _error_code(exc) in ("NoSuchUpload", "404"):
-                return  # already aborted or completed
-            raise
-
-    def abort_lingering(self, context: SinkContext, keep: list[Any]) -> int:
-        prefix = self.key_prefix(context)
+    def abort_lingering(self, context: SinkContext, keep: Sequence[S3Committable]) -> int:
+        bucket = self.sink.bucket
+        prefix = self.sink.key_prefix(context)
         keep_ids = {c.upload_id for c in keep if isinstance(c, S3Committable)}
         aborted = 0
         paginator = self.client.get_paginator("list_multipart_uploads")
         lingering = [
             (upload["Key"], upload["UploadId"])
-            for page in paginator.paginate(Bucket=self.bucket, Prefix=prefix)
+            for page in paginator.paginate(Bucket=bucket, Prefix=prefix)
             for upload in page.get("Uploads", [])
             if upload["Key"].startswith(prefix) and upload["UploadId"] not in keep_ids
         ]
         for key, upload_id in lingering:
-            self._abort_upload(self.bucket, key, upload_id)
+            context.check_fence(f"S3FileSink: abort of upload {upload_id[:12]}")
+            _abort_upload(self.client, bucket, key, upload_id)
             aborted += 1
         if aborted:
-            log.info(
-                "aborted %d lingering upload(s) under s3://%s/%s", aborted, self.bucket, prefix
-            )
+            log.info("aborted %d lingering upload(s) under s3://%s/%s", aborted, bucket, prefix)
         return aborted
 
     def committable_id(self, committable: S3Committable) -> str:
         return f"{committable.url}#{committable.upload_id[:12]}"
-
-    def close(self) -> None:
-        """Abort the uploads of transactions still open here (never pre-committed ones:
-        those may belong to a completed checkpoint), then drop the client."""
-        for transaction in list(self._open.values()):
-            try:
-                self.abort_transaction(transaction)
-            except Exception as exc:  # noqa: BLE001 - best effort; abort_lingering catches it
-                log.warning(
-                    "could not abort open upload of s3://%s/%s: %s",
-                    transaction.bucket,
-                    transaction.key,
-                    exc,
-                )
-        self._open.clear()
-        self._client = None
-
-    def merge_results(self, results: list[Any]) -> int:
-        """The number of commits (repeated ones included) of all subtasks."""
-        return sum(r for r in results if isinstance(r, int))
 
 
 def _local_checksum(algorithm: str, data: bytes) -> str:

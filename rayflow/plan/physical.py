@@ -33,6 +33,11 @@ class OperatorSpec:
     name: str
     uid: str
     factory: Callable[[], Any]
+    #: the user's sink (a builder), for the operator that ends a stream
+    sink: Any = None
+    #: what that sink gives in this job (``rayflow.guarantees.GuaranteeResolution``); set
+    #: when the environment builds the job graph
+    guarantee: Any = None
 
 
 @dataclass
@@ -85,6 +90,19 @@ class JobGraph:
         return self.input_channels(self.edges[edge_id].target_vertex, receiver).index(
             (edge_id, sender)
         )
+
+    def sink_specs(self) -> list[OperatorSpec]:
+        """The operators that end a stream, in vertex order."""
+        return [
+            spec
+            for vid in self.topological_order()
+            for spec in self.vertices[vid].operators
+            if spec.sink is not None
+        ]
+
+    def sink_guarantees(self) -> dict[str, Any]:
+        """Each sink's ``GuaranteeResolution`` by operator name (None before resolution)."""
+        return {spec.name: spec.guarantee for spec in self.sink_specs()}
 
     def explain(self) -> str:
         lines = []
@@ -191,7 +209,14 @@ def build_job_graph(
             vertex.source = t.source
             vertex.source_uid = uid
         else:
-            vertex.operators.append(OperatorSpec(name=t.name, uid=uid, factory=t.operator_factory))
+            vertex.operators.append(
+                OperatorSpec(
+                    name=t.name,
+                    uid=uid,
+                    factory=t.operator_factory,
+                    sink=t.sink if t.kind == "sink" else None,
+                )
+            )
         if t.kind == "sink":
             vertex.sinks.append(t.sink)
     return JobGraph(vertices=vertices, edges=edges)

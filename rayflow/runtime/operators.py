@@ -8,7 +8,10 @@ Contract, for every operator (called only from the subtask's mailbox loop):
 * ``snapshot_state(checkpoint_id)`` returns a picklable snapshot (None when stateless) and
   ``restore_state(snapshots)`` loads the snapshots of one or more earlier
   subtasks (several when rescaling);
-* ``notify_checkpoint_complete(checkpoint_id)`` / ``result()`` / ``close()``.
+* ``notify_checkpoint_complete(checkpoint_id)`` / ``result()`` / ``close()``;
+* ``on_timer(token)`` when a timer the operator set with ``context.timers.schedule``
+  fires (on the mailbox), and ``commits_outstanding()``: True keeps the subtask from
+  finishing after its final checkpoint (a sink with commits still due).
 
 Per-record functions convert a batch to dicts and back (:mod:`rayflow.runtime.records`);
 ``map_batches`` and the built-in keyed aggregations stay vectorized.
@@ -32,8 +35,10 @@ from rayflow.functions import (
     ReduceFunction,
     RuntimeContext,
 )
+from rayflow.guarantees import DeliveryGuarantee
 from rayflow.keygroups import key_group_of, key_groups_of_array, key_groups_of_subtask
 from rayflow.plan.partitioners import KeySelector
+from rayflow.runtime.hooks import HookPoint
 from rayflow.runtime.records import batch_to_columns, batch_to_rows, rows_to_batches
 from rayflow.sink import Sink, SinkContext
 from rayflow.state import KeyedStateBackend
@@ -52,6 +57,9 @@ class OperatorContext:
     checkpointing: bool = False
     fence: Any = None  # rayflow.runtime.fence.AttemptFence of this attempt
     run_id: str = ""
+    #: ``schedule(delay_s, token)``: call ``on_timer(token)`` on the mailbox after
+    #: ``delay_s`` (thread-safe); None outside a subtask
+    timers: Any = None
 
 
 class Operator:
@@ -74,6 +82,12 @@ class Operator:
 
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
         pass
+
+    def on_timer(self, token: Any) -> None:
+        pass
+
+    def commits_outstanding(self) -> bool:
+        return False
 
     def result(self) -> Any:
         return None
@@ -349,10 +363,11 @@ class KeyedAggregateOperator(_KeyedOperator):
 
 
 class SinkOperator(Operator):
-    """Hands batches to the sink's writer for this subtask."""
+    """Hands batches to the sink's writer for this subtask; flushes it at every barrier."""
 
-    def __init__(self, sink: Sink) -> None:
+    def __init__(self, sink: Sink, guarantee: DeliveryGuarantee | None = None) -> None:
         self.sink = sink
+        self.mode = guarantee if guarantee is not None else sink.delivery_guarantee
         self._result: Any = None
 
     def open(self, context: OperatorContext) -> None:
@@ -365,12 +380,24 @@ class SinkOperator(Operator):
                 parallelism=context.parallelism,
                 attempt=context.attempt,
                 run_id=context.run_id,
+                delivery_guarantee=self.mode,
+                fence=context.fence,
+                operator_name=context.operator_name,
             )
         )
 
     def process(self, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
         self.writer.write(batch)
         return []
+
+    def snapshot_state(self, checkpoint_id: int) -> Any:
+        hooks = self.context.hooks
+        if hooks is not None:
+            hooks.at(HookPoint.SINK_BEFORE_PRE_COMMIT)
+        self.writer.flush()
+        if hooks is not None:
+            hooks.at(HookPoint.SINK_AFTER_PRE_COMMIT)
+        return None
 
     def end_input(self) -> list[pa.RecordBatch]:
         self._result = self.writer.finish()

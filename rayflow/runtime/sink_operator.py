@@ -1,17 +1,32 @@
-"""The operator that drives a :class:`~rayflow.sink.TwoPhaseCommittingSink` through
-the checkpoint protocol (the contract is in :mod:`rayflow.sink`).
+"""The operators at the end of a stream: :class:`SinkOperator` for write-through sinks and
+:class:`TwoPhaseCommitSinkOperator`, which drives a
+:class:`~rayflow.sink.TwoPhaseCommittingSink` through the checkpoint protocol (the
+contract is in :mod:`rayflow.sink`). Each is built with the guarantee the job resolved
+for its sink (:func:`sink_operator_factory`).
 
 EXACTLY_ONCE: at barrier n the open transaction (and any rolled before it) is
-pre-committed and its committables become part of checkpoint n's state; they are
-committed when the subtask learns that a checkpoint >= n completed. After a
-restore every committable of the restored state is committed (idempotently) and
-the subtask's lingering transactions are aborted.
+pre-committed and its committables become part of checkpoint n's state (serialized with
+the sink's versioned serializer); they are committed when the subtask learns that a
+checkpoint >= n completed. After a restore every committable of the restored state is
+committed (idempotently) and the subtask's lingering transactions are aborted. Once
+input has ended and everything is committed, the subtask aborts whatever of its
+transactions still lingers (a pre-commit that landed after its process was killed), so
+a finished job leaves none behind.
 
 AT_LEAST_ONCE: transactions are committed whenever they roll and at every barrier,
 before the checkpoint completes, so nothing before a completed checkpoint is lost and
 output written after it is written again on replay.
 NONE: committed whenever a transaction rolls and at the end of input; checkpoints
 play no part, so a failure loses the open transaction.
+
+Commit outcomes (:class:`~rayflow.sink.CommitOutcome`): COMMITTED and ALREADY_COMMITTED
+are success; FAILED fails the attempt at once with the sink's reason; RETRY_LATER keeps
+the committable due (in order; due committables are in every snapshot, so a failure
+loses none) and tries it again on a timer of the subtask's mailbox, or at the next
+notification, with exponential backoff. Nothing sleeps on the mailbox. After
+``CommitRetryPolicy.max_retries`` the attempt fails with the last reason. A committer
+that raises instead of answering is treated as RETRY_LATER with the exception as the
+reason. A subtask does not finish while commits are due.
 """
 
 from __future__ import annotations
@@ -19,46 +34,121 @@ from __future__ import annotations
 import collections
 import logging
 import time
-from dataclasses import replace
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pyarrow as pa
 
 from rayflow.guarantees import DeliveryGuarantee
+from rayflow.runtime.fence import StaleAttemptError
 from rayflow.runtime.hooks import HookPoint
-from rayflow.runtime.operators import Operator, OperatorContext
-from rayflow.sink import SinkContext, TwoPhaseCommittingSink
+from rayflow.runtime.operators import Operator, OperatorContext, SinkOperator, factory
+from rayflow.sink import (
+    CommitFailedError,
+    CommitOutcome,
+    CommitStatus,
+    Sink,
+    SinkContext,
+    TwoPhaseCommittingSink,
+)
+
+__all__ = [
+    "TwoPhaseCommitSinkOperator",
+    "CommitRetryPolicy",
+    "sink_operator_factory",
+    "STATE_FORMAT",
+]
 
 log = logging.getLogger("rayflow.sink")
 
-COMMIT_RETRIES = 5
-COMMIT_BACKOFF_S = 0.1
 #: How many notifications' commit statistics a subtask keeps (totals are kept too).
 COMMIT_HISTORY = 10
+#: The layout of the sink operator's state: 2 stores committables as (version, bytes) of
+#: the sink's serializer; states without a format (older) hold committable objects.
+STATE_FORMAT = 2
+#: The timer token of a commit retry.
+RETRY_COMMITS = "retry-commits"
+
+
+@dataclass(frozen=True)
+class CommitRetryPolicy:
+    """How often, and how patiently, a RETRY_LATER commit is tried again."""
+
+    max_retries: int = 6
+    first_backoff_s: float = 0.1
+    max_backoff_s: float = 5.0
+
+    def backoff_s(self, tries: int) -> float:
+        """The wait after the ``tries``-th RETRY_LATER answer."""
+        return min(self.max_backoff_s, self.first_backoff_s * 2 ** max(0, tries - 1))
+
+
+DEFAULT_RETRY = CommitRetryPolicy()
+
+
+def sink_operator_factory(
+    sink: Sink, guarantee: DeliveryGuarantee | None = None
+) -> Callable[[], Operator]:
+    """A picklable builder of the operator for ``sink``, giving ``guarantee`` (None: the
+    sink's own)."""
+    if isinstance(sink, TwoPhaseCommittingSink):
+        return factory(TwoPhaseCommitSinkOperator, sink, guarantee)
+    return factory(SinkOperator, sink, guarantee)
+
+
+@dataclass
+class _Due:
+    """A committable to commit now, with its RETRY_LATER history."""
+
+    committable: Any
+    tries: int = 0
+    first_retry_at: float = 0.0
+    next_try_at: float = 0.0
+    reason: str = ""
 
 
 class TwoPhaseCommitSinkOperator(Operator):
-    def __init__(self, sink: TwoPhaseCommittingSink) -> None:
+    def __init__(
+        self,
+        sink: TwoPhaseCommittingSink,
+        guarantee: DeliveryGuarantee | None = None,
+        retry: CommitRetryPolicy | None = None,
+    ) -> None:
         self.sink = sink
+        self.mode = guarantee if guarantee is not None else sink.delivery_guarantee
+        self.retry = retry or DEFAULT_RETRY
+        self.writer: Any = None
+        self.committer: Any = None
+        self._serializer: Any = None
         self.transaction: Any = None
         self.opened_at = 0.0
         self.next_sequence = 0
         self.rolled: list[Any] = []  # pre-committed, not yet part of a checkpoint
         self.pending: dict[int, list[Any]] = {}  # checkpoint id -> committables
+        self.due: list[_Due] = []  # to commit now, in order
         self.restored: list[Any] = []
         self.restored_old_indices: set[int] = set()
+        self.input_ended = False
+        self.swept_at_end = False
         self.committed = 0
+        self.commit_retries = 0
         self.commit_stats: collections.deque[dict[str, float]] = collections.deque(
             maxlen=COMMIT_HISTORY
         )
         self.commit_totals = {"notifications": 0, "transactions": 0, "commit_s": 0.0}
         self.fence: Any = None
+        self.hooks: Any = None
+        self.timers: Any = None
+        self._timer_armed = False
+        self._closed = False
 
     def open(self, context: OperatorContext) -> None:
         super().open(context)
-        self.mode = self.sink.delivery_guarantee
         self.hooks = context.hooks
         self.fence = context.fence
+        self.timers = context.timers
+        self.label = f"sink {context.operator_name!r} ({type(self.sink).__name__})"
         self.sink_context = SinkContext(
             job_name=context.job_name,
             operator_uid=context.operator_uid,
@@ -66,39 +156,51 @@ class TwoPhaseCommitSinkOperator(Operator):
             parallelism=context.parallelism,
             attempt=context.attempt,
             run_id=context.run_id,
+            delivery_guarantee=self.mode,
+            fence=context.fence,
+            operator_name=context.operator_name,
         )
         policy = self.sink.rolling_policy
         self.max_size = policy.max_part_size
         self.max_open_s = policy.rollover_interval_s
+        self.writer = self.sink.create_transaction_writer(self.sink_context)
+        self.committer = self.sink.create_committer(self.sink_context)
+
+    @property
+    def serializer(self) -> Any:
+        if self._serializer is None:
+            self._serializer = self.sink.committable_serializer()
+        return self._serializer
 
     # --- writing ------------------------------------------------------------------------
 
     def process(self, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
         if self.transaction is None:
-            self.transaction = self.sink.begin_transaction(self.sink_context, self.next_sequence)
+            self.transaction = self.writer.begin_transaction(self.next_sequence)
             self.next_sequence += 1
             self.opened_at = time.monotonic()
-        self.sink.write(self.transaction, batch)
+        self.writer.write(self.transaction, batch)
         if (
             self.max_size is not None
-            and self.sink.transaction_size(self.transaction) >= self.max_size
+            and self.writer.transaction_size(self.transaction) >= self.max_size
         ) or (self.max_open_s is not None and time.monotonic() - self.opened_at >= self.max_open_s):
-            self._roll()
+            self._roll(None)
         return []
 
-    def _roll(self) -> None:
+    def _roll(self, checkpoint_id: int | None) -> None:
         """Pre-commit the open transaction (if it holds anything)."""
         transaction, self.transaction = self.transaction, None
         if transaction is None:
             return
-        if self.sink.is_empty(transaction):
-            self.sink.abort_transaction(transaction)
+        if self.writer.is_empty(transaction):
+            self.writer.abort_transaction(transaction)
             return
-        committable = self.sink.pre_commit(transaction)
-        if self.mode is not DeliveryGuarantee.EXACTLY_ONCE:
-            self._commit(committable)
-        else:
+        committable = self.writer.pre_commit(transaction, checkpoint_id)
+        if self.mode is DeliveryGuarantee.EXACTLY_ONCE:
             self.rolled.append(committable)
+        else:
+            self.due.append(_Due(committable))
+            self._commit_due()
 
     # --- checkpoints --------------------------------------------------------------------
 
@@ -106,31 +208,27 @@ class TwoPhaseCommitSinkOperator(Operator):
         if self.hooks is not None:
             self.hooks.at(HookPoint.SINK_BEFORE_PRE_COMMIT)
         if self.mode is not DeliveryGuarantee.NONE:
-            self._roll()
+            self._roll(checkpoint_id)
         if self.hooks is not None:
             self.hooks.at(HookPoint.SINK_AFTER_PRE_COMMIT)
         if self.mode is DeliveryGuarantee.EXACTLY_ONCE:
             if self.rolled:
                 self.pending[checkpoint_id] = self.rolled
             self.rolled = []
-        elif self.mode is DeliveryGuarantee.AT_LEAST_ONCE:
-            for committable in self.rolled:
-                self._commit(committable)
-            self.rolled = []
+        encode = self.serializer.encode
         return {
-            "pending": {cid: list(cs) for cid, cs in self.pending.items()},
+            "format": STATE_FORMAT,
+            "pending": {cid: [encode(c) for c in cs] for cid, cs in self.pending.items()},
+            "due": [encode(d.committable) for d in self.due],
             "next_sequence": self.next_sequence,
             "subtask": self.context.subtask_index,
         }
 
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
         started = time.time()
-        count = 0
         for cid in sorted(c for c in self.pending if c <= checkpoint_id):
-            for committable in self.pending[cid]:
-                self._commit(committable)
-                count += 1
-            del self.pending[cid]
+            self.due.extend(_Due(c) for c in self.pending.pop(cid))
+        count = self._commit_due()
         if count:
             took = time.time() - started
             self.commit_stats.append(
@@ -146,14 +244,32 @@ class TwoPhaseCommitSinkOperator(Operator):
             totals["transactions"] += count
             totals["commit_s"] += took
 
+    def on_timer(self, token: Any) -> None:
+        if token == RETRY_COMMITS:
+            self._timer_armed = False
+            self._commit_due()
+
+    def commits_outstanding(self) -> bool:
+        return bool(self.due)
+
     def restore_state(self, snapshots: list[Any]) -> None:
         for state in snapshots:
             if not state:
                 continue
+            decode = self._decoder(state)
+            for entry in state.get("due", []):
+                self.restored.append(decode(entry))
             for cid in sorted(state["pending"]):
-                self.restored.extend(state["pending"][cid])
+                self.restored.extend(decode(entry) for entry in state["pending"][cid])
             self.next_sequence = max(self.next_sequence, state["next_sequence"])
             self.restored_old_indices.add(state["subtask"])
+
+    def _decoder(self, state: dict[str, Any]) -> Callable[[Any], Any]:
+        if state.get("format") is None:
+            return lambda committable: committable  # pickled objects, as older versions did
+        serializer = self.serializer
+        label = self.label if hasattr(self, "label") else type(self.sink).__name__
+        return lambda entry: serializer.decode(entry[0], entry[1], label)
 
     def restore_global(self, snapshots: list[Any]) -> None:
         """Sequences never repeat, whatever the rescaling: continue after the highest."""
@@ -165,67 +281,161 @@ class TwoPhaseCommitSinkOperator(Operator):
         """After a restore from ``checkpoint_id``: commit its committables, abort the rest.
 
         Runs in a thread that may outlive its attempt; the fence stops it before any
-        side effect once the next attempt has started."""
-        for committable in self.restored:
-            self._commit(committable)
+        side effect once the next attempt has started. A committable that answers
+        RETRY_LATER stays due for the mailbox to try again (and is kept from the
+        lingering abort)."""
         keep = list(self.restored)
         self.restored = []
+        later: list[_Due] = []
+        for committable in keep:
+            outcome = self._try_commit(committable)
+            if outcome.done:
+                self._committed_one()
+            elif outcome.status is CommitStatus.FAILED:
+                raise self._failure(committable, outcome)
+            else:
+                later.append(self._note_retry(_Due(committable), outcome, time.monotonic()))
+        self.due = later + self.due
         aborted = 0
         if self.hooks is not None:
             self.hooks.at(HookPoint.DURING_RECOVER)
-        indices = self.restored_old_indices | {self.context.subtask_index}
-        for index in sorted(indices):
+        for index in sorted(self.restored_old_indices | {self.context.subtask_index}):
             context = replace(self.sink_context, subtask_index=index)
             self._check_fence("abort of lingering transactions")
-            aborted += self.sink.abort_lingering(context, keep)
+            aborted += self.committer.abort_lingering(context, keep)
             if self.hooks is not None and aborted:
                 self.hooks.at(HookPoint.SINK_DURING_ABORT)
         if aborted:
             log.info(
                 "%s: aborted %d lingering transaction(s) after restoring checkpoint %s",
-                self.context.operator_name,
+                self.label,
                 aborted,
                 checkpoint_id,
             )
+        if self.due:
+            self._arm_timer()
+
+    # --- committing ---------------------------------------------------------------------
 
     def _check_fence(self, what: str) -> None:
         if self.fence is not None:
             self.fence.check(f"{self.context.operator_name}: {what}")
 
-    def _commit(self, committable: Any, fenced: bool = True) -> None:
-        delay = COMMIT_BACKOFF_S
-        for attempt in range(COMMIT_RETRIES + 1):
-            if fenced:
-                self._check_fence(f"commit of {self.sink.committable_id(committable)}")
-            try:
-                self.sink.commit(committable)
-                break
-            except Exception as exc:  # noqa: BLE001 - retried, then fails the job attempt
-                if attempt == COMMIT_RETRIES:
-                    raise RuntimeError(
-                        f"commit of {self.sink.committable_id(committable)} failed after "
-                        f"{COMMIT_RETRIES} retries: {type(exc).__name__}: {exc}"
-                    ) from exc
-                log.warning(
-                    "commit of %s failed (%s); retrying in %.1f s",
-                    self.sink.committable_id(committable),
-                    exc,
-                    delay,
-                )
-                time.sleep(delay)
-                delay *= 2
+    def _try_commit(self, committable: Any, fenced: bool = True) -> CommitOutcome:
+        if fenced:
+            self._check_fence(f"commit of {self.committer.committable_id(committable)}")
+        try:
+            outcome = self.committer.commit(committable)
+        except StaleAttemptError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - an unanswered commit is tried again
+            return CommitOutcome.retry_later(f"{type(exc).__name__}: {exc}", exc)
+        if not isinstance(outcome, CommitOutcome):
+            raise TypeError(
+                f"{self.label}: {type(self.committer).__name__}.commit returned "
+                f"{outcome!r}, not a CommitOutcome"
+            )
+        return outcome
+
+    def _committed_one(self) -> None:
         self.committed += 1
         if self.hooks is not None:
             self.hooks.at(HookPoint.SINK_DURING_COMMIT)
 
+    def _failure(self, committable: Any, outcome: CommitOutcome, tries: int = 0) -> Exception:
+        what = self.committer.committable_id(committable)
+        if outcome.status is CommitStatus.FAILED:
+            text = f"{self.label}: commit of {what} failed: {outcome.reason}"
+        else:
+            text = (
+                f"{self.label}: commit of {what} still not possible after {tries} tries "
+                f"({self.retry.max_retries} retries): {outcome.reason}"
+            )
+        error = CommitFailedError(text)
+        error.__cause__ = outcome.error
+        return error
+
+    def _note_retry(self, entry: _Due, outcome: CommitOutcome, now: float) -> _Due:
+        entry.tries += 1
+        entry.reason = outcome.reason
+        if entry.tries == 1:
+            entry.first_retry_at = now
+        if entry.tries > self.retry.max_retries:
+            raise self._failure(entry.committable, outcome, entry.tries)
+        entry.next_try_at = now + self.retry.backoff_s(entry.tries)
+        self.commit_retries += 1
+        log.warning(
+            "%s: commit of %s: %s; trying again in %.1f s (%d of %d)",
+            self.label,
+            self.committer.committable_id(entry.committable),
+            outcome.reason,
+            entry.next_try_at - now,
+            entry.tries,
+            self.retry.max_retries,
+        )
+        return entry
+
+    def _commit_due(self) -> int:
+        """Commit the due committables in order, until one must wait; returns how many
+        were committed."""
+        count = 0
+        now = time.monotonic()
+        while self.due:
+            entry = self.due[0]
+            if entry.next_try_at > now:
+                break
+            outcome = self._try_commit(entry.committable)
+            if outcome.done:
+                self.due.pop(0)
+                count += 1
+                self._committed_one()
+                continue
+            if outcome.status is CommitStatus.FAILED:
+                raise self._failure(entry.committable, outcome)
+            self._note_retry(entry, outcome, now)
+            break
+        if self.due:
+            self._arm_timer()
+        else:
+            self._sweep_at_end()
+        return count
+
+    def _arm_timer(self) -> None:
+        if self.timers is None or self._timer_armed or not self.due:
+            return
+        self._timer_armed = True
+        self.timers.schedule(max(0.0, self.due[0].next_try_at - time.monotonic()), RETRY_COMMITS)
+
+    def _sweep_at_end(self) -> None:
+        """Input has ended and everything is committed: abort whatever of this subtask's
+        transactions still lingers (once)."""
+        if (
+            self.mode is not DeliveryGuarantee.EXACTLY_ONCE
+            or not self.input_ended
+            or self.swept_at_end
+            or self.transaction is not None
+            or self.rolled
+            or self.pending
+            or self.due
+        ):
+            return
+        self.swept_at_end = True
+        aborted = 0
+        for index in sorted(self.restored_old_indices | {self.context.subtask_index}):
+            self._check_fence("abort of lingering transactions at the end of input")
+            aborted += self.committer.abort_lingering(
+                replace(self.sink_context, subtask_index=index), []
+            )
+        if aborted:
+            log.info("%s: aborted %d lingering transaction(s) at the end", self.label, aborted)
+
     # --- end ----------------------------------------------------------------------------
 
     def end_input(self) -> list[pa.RecordBatch]:
+        self.input_ended = True
         if self.mode is not DeliveryGuarantee.EXACTLY_ONCE:
-            self._roll()
-            for committable in self.rolled:
-                self._commit(committable)
-            self.rolled = []
+            self._roll(None)
+            self._commit_due()
         return []
 
     def result(self) -> Any:
@@ -234,49 +444,83 @@ class TwoPhaseCommitSinkOperator(Operator):
     def metrics(self) -> dict[str, Any]:
         return {
             "committed": self.committed,
+            "commit_retries": self.commit_retries,
             "commits": list(self.commit_stats),
             "commit_totals": dict(self.commit_totals),
         }
 
     def on_cancel(self, latest_completed: int | None) -> None:
-        """The job is cancelled: commit what the latest completed checkpoint (and those
-        before it) pre-committed, abort every other transaction of this subtask, and the
-        lingering ones of earlier attempts (everything legitimate is committed by then)."""
+        """The job is cancelled (or failed for good): commit what the latest completed
+        checkpoint (and those before it) pre-committed, abort every other transaction of
+        this subtask, and the lingering ones of earlier attempts (everything legitimate
+        is committed by then). Runs in a clean-up thread, never on the mailbox: a
+        RETRY_LATER commit is retried here, bounded."""
         try:
             for committable in self.restored:  # of a completed checkpoint; not yet recovered
-                self._commit(committable, fenced=False)
+                self._commit_in_clean_up(committable)
             self.restored = []
+            for entry in self.due:
+                self._commit_in_clean_up(entry.committable)
+            self.due = []
             for cid in sorted(self.pending):
                 for committable in self.pending[cid]:
                     if latest_completed is not None and cid <= latest_completed:
-                        self._commit(committable, fenced=False)
+                        self._commit_in_clean_up(committable)
                     else:
-                        self.sink.abort(committable)
+                        self.committer.abort(committable)
             self.pending = {}
             for committable in self.rolled:
-                self.sink.abort(committable)
+                self.committer.abort(committable)
             self.rolled = []
             transaction, self.transaction = self.transaction, None
             if transaction is not None:
-                self.sink.abort_transaction(transaction)
+                self.writer.abort_transaction(transaction)
             if self.mode is DeliveryGuarantee.EXACTLY_ONCE:
                 for index in sorted(self.restored_old_indices | {self.context.subtask_index}):
-                    self.sink.abort_lingering(replace(self.sink_context, subtask_index=index), [])
+                    # The attempt's fence is revoked by now: this clean-up is the run's last
+                    # word, done by the subtask that owns it.
+                    context = replace(self.sink_context, subtask_index=index, fence=None)
+                    self.committer.abort_lingering(context, [])
         finally:
-            self.sink.close()
+            self._close_clients()
+
+    def _commit_in_clean_up(self, committable: Any) -> None:
+        entry = _Due(committable)
+        while True:
+            outcome = self._try_commit(committable, fenced=False)
+            if outcome.done:
+                self._committed_one()
+                return
+            if outcome.status is CommitStatus.FAILED:
+                raise self._failure(committable, outcome)
+            now = time.monotonic()
+            self._note_retry(entry, outcome, now)
+            time.sleep(max(0.0, entry.next_try_at - now))  # a clean-up thread, not the mailbox
 
     def close(self) -> None:
         """Abort the open transaction (a failed or cancelled attempt); pre-committed ones
         stay for the restored state to commit or for ``abort_lingering``."""
         transaction, self.transaction = self.transaction, None
         try:
-            if transaction is not None:
-                self.sink.abort_transaction(transaction)
+            if transaction is not None and self.writer is not None:
+                self.writer.abort_transaction(transaction)
         except Exception as exc:  # noqa: BLE001 - recovery aborts it as lingering
             log.warning(
                 "%s: could not abort an open transaction on close: %s",
-                self.context.operator_name,
+                getattr(self, "label", type(self.sink).__name__),
                 exc,
             )
         finally:
-            self.sink.close()
+            self._close_clients()
+
+    def _close_clients(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for part in (self.writer, self.committer):
+            if part is None:
+                continue
+            try:
+                part.close()
+            except Exception as exc:  # noqa: BLE001 - closing must not hide the first error
+                log.warning("%s: close of %s failed: %s", type(self.sink).__name__, part, exc)

@@ -154,6 +154,38 @@ class _BufferTimeout:
     """The buffer timeout expired: send what the output channels hold."""
 
 
+@dataclass(frozen=True)
+class _OperatorTimer:
+    """A timer an operator set (``OperatorContext.timers``) fired."""
+
+    attempt: int
+    position: int
+    token: Any
+
+
+class _OperatorTimers:
+    """``schedule(delay_s, token)``: the operator at ``position`` gets ``on_timer(token)``
+    on the mailbox after ``delay_s``. Thread-safe (a recover thread may set one)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, gate: Any, attempt: int, position: int):
+        self._loop = loop
+        self._gate = gate
+        self._attempt = attempt
+        self._position = position
+
+    def schedule(self, delay_s: float, token: Any) -> None:
+        gate, item = self._gate, _OperatorTimer(self._attempt, self._position, token)
+
+        def fire() -> None:
+            asyncio.ensure_future(gate.put_control(item))
+
+        def arm() -> None:
+            self._loop.call_later(max(0.0, delay_s), fire)
+
+        if not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(arm)
+
+
 @dataclass
 class _UnalignedSnapshot:
     """An unaligned snapshot whose channel state is still arriving."""
@@ -284,6 +316,7 @@ class SubtaskActor:
         self.hooks = deployment.hooks
         self._current_operator = vertex.name
         self._final_checkpoint: int | None = None
+        self._final_completed = False
         self._finished = False
         self._opened = False
         self._state_loaded = False
@@ -563,8 +596,13 @@ class SubtaskActor:
     def _open(self) -> None:
         self._opened = True
         vertex = self.d.vertex
-        for spec, op in zip(vertex.operators, self.operators):
+        for position, (spec, op) in enumerate(zip(vertex.operators, self.operators)):
             self._current_operator = spec.name
+            timers = (
+                _OperatorTimers(self._loop, self.gate, self.attempt, position)
+                if self._loop is not None
+                else None
+            )
             op.open(
                 OperatorContext(
                     job_name=self.d.job_name,
@@ -578,6 +616,7 @@ class SubtaskActor:
                     checkpointing=self.d.checkpointing is not None,
                     fence=self.fence,
                     run_id=self.d.run_id,
+                    timers=timers,
                 )
             )
 
@@ -776,7 +815,13 @@ class SubtaskActor:
                 self._current_operator = spec.name
                 op.notify_checkpoint_complete(item.checkpoint_id)
             if self._final_checkpoint is not None and item.checkpoint_id >= self._final_checkpoint:
-                self._finished = True
+                self._final_completed = True
+            self._maybe_finish()
+        elif isinstance(item, _OperatorTimer):
+            if item.attempt == self.attempt:
+                self._current_operator = self.d.vertex.operators[item.position].name
+                self.operators[item.position].on_timer(item.token)
+                self._maybe_finish()
         elif isinstance(item, _Abort):
             await self.barriers.abort(item.checkpoint_id)
             self._drop_unaligned(item.checkpoint_id)
@@ -784,6 +829,11 @@ class SubtaskActor:
                 notify = getattr(op, "notify_checkpoint_aborted", None)
                 if notify is not None:
                     notify(item.checkpoint_id)
+
+    def _maybe_finish(self) -> None:
+        """The final checkpoint is complete and no operator has commits due: done."""
+        if self._final_completed and not any(op.commits_outstanding() for op in self.operators):
+            self._finished = True
 
     async def _process(self, batch: pa.RecordBatch, start: int = 0) -> None:
         batches = [batch]

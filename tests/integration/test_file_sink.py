@@ -157,11 +157,13 @@ def test_at_least_once_without_failures_writes_each_record_once(tmp_path):
 
 def test_unspecified_guarantee_follows_the_checkpointing(tmp_path):
     sink = FileSink(tmp_path / "out", "jsonl")
-    build(sink, tmp_path).get_job_graph()
-    assert sink.delivery_guarantee is DeliveryGuarantee.EXACTLY_ONCE
+    graph = build(sink, tmp_path).get_job_graph()
+    assert graph.sink_guarantees()["files"].delivery_guarantee is DeliveryGuarantee.EXACTLY_ONCE
     off = FileSink(tmp_path / "out", "jsonl")
-    build(off, tmp_path, checkpoint_ms=None).get_job_graph()
-    assert off.delivery_guarantee is DeliveryGuarantee.NONE
+    graph = build(off, tmp_path, checkpoint_ms=None).get_job_graph()
+    assert graph.sink_guarantees()["files"].delivery_guarantee is DeliveryGuarantee.NONE
+    # The resolution is the job graph's; the sink objects are left as they were.
+    assert not off.guarantee_requested and off.delivery_guarantee is sink.delivery_guarantee
 
 
 def test_exactly_once_with_checkpointing_off_fails_at_build_time(tmp_path):

@@ -110,7 +110,8 @@ def test_repr_hides_credentials_and_pickling_drops_the_client(s3_server, s3_buck
 
 def test_exactly_once_with_checkpointing_off_is_refused_when_the_job_is_built():
     env = StreamExecutionEnvironment.get_execution_environment()
-    env.from_source(NumberSequenceSource(0, 9)).sink_to(S3FileSink("bucket"))
+    sink = S3FileSink("bucket", delivery_guarantee=DeliveryGuarantee.EXACTLY_ONCE)
+    env.from_source(NumberSequenceSource(0, 9)).sink_to(sink)
     with pytest.raises(UnsupportedGuaranteeError, match="checkpointing is off"):
         env.execute("s3-no-checkpoints")
 

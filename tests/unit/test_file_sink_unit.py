@@ -227,8 +227,13 @@ def test_sink_pickles_without_open_files(tmp_path):
     sink = FileSink(tmp_path, "csv", EO)
     txn = sink.begin_transaction(ctx(), 0)
     sink.write(txn, batch([1]))
-    copy = pickle.loads(cloudpickle.dumps(sink))
-    assert copy._open == {} and copy.directory == sink.directory
+    data = cloudpickle.dumps(sink)
+    copy = pickle.loads(data)
+    # The sink is a builder: the open part stays with this process's writer, never pickled.
+    assert copy.directory == sink.directory
+    assert ".inprogress" not in repr(vars(sink)) and b".inprogress" not in data
+    with pytest.raises(ValueError, match="not an open transaction"):
+        copy.write(txn, batch([2]))
     sink.abort_transaction(txn)
 
 
