@@ -323,3 +323,17 @@ def test_tansu_deviation_subscribe_stalls_with_default_settings(kafka_broker, ka
     finally:
         consumer.close()
     assert kafka_broker.read_values(kafka_topic) == [b"x"]
+
+
+def test_tansu_deviation_end_offset_is_last_batch_start_plus_one(kafka_broker, kafka_topic):
+    """Kafka: a partition's end offset (high watermark, "latest") is the offset after its
+    last record. Tansu: the first offset of its last record batch + 1, short of the end
+    when that batch holds more than one record (a transaction's commit marker is a batch
+    of one: transactional writes end right)."""
+    kafka_broker.produce(
+        kafka_topic, [b"%d" % i for i in range(10)], partition=0, transactional=False
+    )
+    assert kafka_broker.high_watermarks(kafka_topic)[0] == 1  # Kafka: 10
+    assert len(kafka_broker.read(kafka_topic, "read_uncommitted")) == 10
+    kafka_broker.produce(kafka_topic, [b"x", b"y"], partition=0)  # + a commit marker
+    assert kafka_broker.high_watermarks(kafka_topic)[0] == 13
