@@ -128,10 +128,9 @@ class KafkaBroker:
         return os.path.join(self.base_dir, "broker.log")
 
     def config(self, **extra: Any) -> dict[str, Any]:
-        """A client configuration for this broker (plus ``extra``, dots as underscores)."""
-        conf = {"bootstrap.servers": self.bootstrap_servers}
-        conf.update({k.replace("_", "."): v for k, v in extra.items()})
-        return conf
+        """A client configuration for this broker, plus ``extra`` (librdkafka keys, as
+        given: ``**{"group.id": ...}``)."""
+        return {"bootstrap.servers": self.bootstrap_servers, **extra}
 
     def admin(self) -> Any:
         """An AdminClient of this broker (one, kept: futures need their client alive)."""
@@ -166,7 +165,7 @@ class KafkaBroker:
         marker, a batch of one record: Tansu reports a partition's end offset as its last
         batch's first offset + 1, which is the true end only when that batch holds one
         record; see test_tansu_deviation_end_offset_is_last_batch_start_plus_one.)"""
-        conf = self.config(linger_ms=5)
+        conf = self.config(**{"linger.ms": 5})
         if transactional:
             conf["transactional.id"] = f"fixture-{uuid.uuid4().hex[:12]}"
         producer = _client_module().Producer(conf)
@@ -289,7 +288,10 @@ class KafkaBroker:
         self._wait_ready()
 
     def _wait_ready(self) -> None:
-        admin = _client_module().admin.AdminClient(self.config(socket_timeout_ms=2000))
+        # (quiet: it is expected to be refused until the broker listens)
+        admin = _client_module().admin.AdminClient(
+            self.config(**{"socket.timeout.ms": 2000, "log_level": 0})
+        )
         deadline = time.monotonic() + _READY_TIMEOUT_S
         last = ""
         try:

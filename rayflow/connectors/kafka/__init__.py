@@ -11,7 +11,13 @@ values never appear in a repr, log line or error message.
 
 from rayflow.connectors.kafka.client import ClientSettings, KafkaConnectorError
 from rayflow.connectors.kafka.offsets import KafkaOffsetResetStrategy, KafkaOffsetsInitializer
-from rayflow.connectors.kafka.records import RecordFormat
+from rayflow.connectors.kafka.records import RecordEncoder, RecordFormat
+from rayflow.connectors.kafka.sink import (
+    RECOVERY_HEADER,
+    KafkaCommittable,
+    KafkaSink,
+    KafkaSinkBuilder,
+)
 from rayflow.connectors.kafka.source import KafkaSource, KafkaSourceBuilder, KafkaSplit
 
 __all__ = [
@@ -19,8 +25,13 @@ __all__ = [
     "KafkaConnectorError",
     "KafkaOffsetResetStrategy",
     "KafkaOffsetsInitializer",
+    "KafkaCommittable",
+    "KafkaSink",
+    "KafkaSinkBuilder",
     "KafkaSource",
     "KafkaSourceBuilder",
     "KafkaSplit",
+    "RECOVERY_HEADER",
+    "RecordEncoder",
     "RecordFormat",
 ]
