@@ -15,12 +15,15 @@ records over the input topic's partitions (before the job starts).
 
 A plan kills once per attempt, four attempts (``chaos_plan``): attempt 0 draws a point
 from the seed (after N records, while aligning, right after a snapshot, before or after
-the sink's pre-commit, inside a commit after its records were sent); attempt 1 kills a
-sink subtask between a checkpoint's completion and its notification (BEFORE_NOTIFY: its
-records exist only in the checkpoint); attempt 2 kills a sink subtask inside a commit,
-after its records reached the broker (SINK_INSIDE_COMMIT; the ``sum`` pipeline's
-CollectSink has no such step, so there a sink subtask dies during recovery instead);
-attempt 3 draws again. Subtasks and checkpoints come from the seed.
+the sink's pre-commit, inside a commit after its records were sent, right after a commit
+returned, the job master dying before it notifies); attempt 1 kills a sink subtask
+between a checkpoint's completion and its notification (BEFORE_NOTIFY: its records exist
+only in the checkpoint); attempt 2 kills a sink subtask inside a commit, after its
+records reached the broker (SINK_INSIDE_COMMIT; the ``sum`` pipeline's CollectSink has
+no such step, so there a sink subtask dies during recovery instead); attempt 3 draws
+again, for the Kafka sink also a *stall* inside a commit (the thread sleeps 2 s there
+while the other sink subtask is killed, so the stalled commit outlives its attempt).
+Subtasks and checkpoints come from the seed.
 """
 
 from __future__ import annotations
@@ -55,11 +58,16 @@ DRAWN_POINTS = [
     FaultPoint.SINK_BEFORE_PRE_COMMIT,
     FaultPoint.SINK_AFTER_PRE_COMMIT,
     FaultPoint.SINK_INSIDE_COMMIT,
+    FaultPoint.SINK_DURING_COMMIT,
+    FaultPoint.JOB_MASTER_BEFORE_NOTIFY,
 ]
+#: attempt 3 of the Kafka pipeline may draw this: a stall inside a commit (not a kill)
+STALL_INSIDE_COMMIT = "stall-inside-commit"
 _SINK_POINTS = {
     FaultPoint.SINK_BEFORE_PRE_COMMIT,
     FaultPoint.SINK_AFTER_PRE_COMMIT,
     FaultPoint.SINK_INSIDE_COMMIT,
+    FaultPoint.SINK_DURING_COMMIT,
     FaultPoint.DURING_RECOVER,
     FaultPoint.BEFORE_NOTIFY,
 }
@@ -68,13 +76,17 @@ _SINK_POINTS = {
 def chaos_plan(seed: int, pipeline: str, n: int = N) -> FaultPlan:
     """Four kills, one per attempt (see the module docstring)."""
     rng = random.Random(f"rayflow-kafka-chaos:{seed}")
-    drawn = [
+    drawn: list = [
         p for p in DRAWN_POINTS if pipeline == "kafka" or p is not FaultPoint.SINK_INSIDE_COMMIT
     ]
-    first, last = rng.choice(drawn), rng.choice(drawn)
+    first = rng.choice(drawn)
+    last = rng.choice(drawn + ([STALL_INSIDE_COMMIT] if pipeline == "kafka" else []))
     third = FaultPoint.SINK_INSIDE_COMMIT if pipeline == "kafka" else FaultPoint.DURING_RECOVER
     faults = []
     for attempt, point in enumerate([first, FaultPoint.BEFORE_NOTIFY, third, last]):
+        stall = point == STALL_INSIDE_COMMIT
+        if stall:
+            point = FaultPoint.SINK_INSIDE_COMMIT
         fault = Fault(
             point,
             attempt=attempt,
@@ -91,6 +103,18 @@ def chaos_plan(seed: int, pipeline: str, n: int = N) -> FaultPlan:
         if point is FaultPoint.DURING_RECOVER:
             fault = replace(fault, action="sigkill")  # killed, not stalled, while recovering
         faults.append(fault)
+        if stall:
+            faults[-1] = replace(fault, action="sleep", seconds=2.0)
+            # the other sink subtask dies meanwhile: the stalled commit outlives its attempt
+            faults.append(
+                Fault(
+                    FaultPoint.AFTER_SNAPSHOT,
+                    attempt=attempt,
+                    vertex=SINK,
+                    subtask=(fault.subtask + 1) % P,
+                    checkpoint=1,
+                )
+            )
     return FaultPlan(faults)
 
 
@@ -98,6 +122,7 @@ def describe(plan: FaultPlan) -> list[str]:
     return [
         f"{f.attempt}:{f.point.value}@{f.vertex or '*'}/{f.subtask}"
         + (f"#{f.records}" if f.point is FaultPoint.AFTER_RECORDS else f"#cp{f.checkpoint}")
+        + (f"({f.action} {f.seconds:g}s)" if f.action == "sleep" else "")
         for f in plan.faults
     ]
 

@@ -125,6 +125,8 @@ def test_schedule_killed_inside_commit_after_records_were_sent(kafka_broker, kaf
     restored = _committer(_sink(kafka_broker, kafka_topic), _context())
     assert restored.commit(c).done
     assert _values(kafka_broker, kafka_topic) == list(range(20))
+    # Tansu exposed all 20 when the id was initialised again (Apache Kafka: 0, aborted)
+    assert restored.found_visible == 20
     # the abandoned producer (an older attempt still alive) is fenced: it cannot commit
     zombie = committer._writers[c.transactional_id].producer
     with pytest.raises(ck.KafkaException):
@@ -156,6 +158,7 @@ def test_schedule_killed_after_part_of_the_records_were_sent(kafka_broker, kafka
     restored = _committer(_sink(kafka_broker, kafka_topic), _context())
     assert restored.commit(c).done
     assert _values(kafka_broker, kafka_topic) == list(range(12))
+    assert restored.found_visible == 5
 
 
 def test_schedule_killed_after_the_intent_before_any_record(kafka_broker, kafka_topic):

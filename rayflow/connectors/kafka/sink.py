@@ -389,6 +389,8 @@ class _KafkaCommitter(Committer[KafkaCommittable]):
         self._marker_clients: dict[str, Any] = {}
         self._lock = threading.RLock()
         self._client: Any = None  # a consumer for metadata and end offsets
+        #: records a recovering commit found visible already, and so did not produce
+        self.found_visible = 0
 
     def committable_id(self, committable: KafkaCommittable) -> str:
         return (
@@ -595,10 +597,11 @@ class _KafkaCommitter(Committer[KafkaCommittable]):
             start = self._read_intent(c)
             if start is not None:
                 skip = self._visible(c, start)
+            self.found_visible += len(skip)
             if skip:
-                log.info(
-                    "%s: %d of %d records of %s are visible already (an earlier attempt's "
-                    "transaction was exposed, not aborted, by the broker): producing the rest",
+                log.warning(
+                    "%s: %d of %d records of %s are visible already (the broker exposed an "
+                    "earlier attempt's transaction instead of aborting it): producing the rest",
                     self.label,
                     len(skip),
                     table.num_rows,
