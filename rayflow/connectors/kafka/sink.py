@@ -234,9 +234,7 @@ class _KafkaWriter(TransactionWriter[_Transaction, KafkaCommittable]):
 
         for i, (key, value, partition, timestamp, headers) in enumerate(_rows(records)):
             try:
-                _produce_one(
-                    producer, topic, key, value, partition, timestamp, headers, delivered
-                )
+                _produce_one(producer, topic, key, value, partition, timestamp, headers, delivered)
             except Exception as exc:  # noqa: BLE001 - the client refused the record
                 raise KafkaConnectorError(
                     self.sink.settings.redact(
