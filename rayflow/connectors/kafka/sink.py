@@ -65,13 +65,44 @@ transaction was aborted), the missing ones on a broker that exposed it. A commit
 fails half way (a timeout, a lost connection) is never aborted (an abort can expose records
 on such a broker too): its producer is dropped, and the next try recovers as above.
 
-Stale attempts: the runtime checks the attempt's fence before every step with an effect
-(init, intent, produce, commit), and committers in one process take a lock per
-transactional id, so an older attempt's thread still inside a commit finishes (or fails)
-before a newer one re-initialises the id. What remains is a producer of an older attempt
-in a process that was neither replaced nor fenced: on Apache Kafka, ``init_transactions``
-of the newer producer fences it; the test broker fenced such a producer's writes too
-(``test_fenced_producer_cannot_write``).
+Stale attempts: the runtime checks the attempt's fence before each commit (and
+``abort_lingering`` before it initialises an id), replaces a subtask actor that still runs
+a thread of an older attempt instead of reusing it, and committers in one process take a
+lock per transactional id, so an older attempt's commit finishes (or fails) before a newer
+one initialises the id. What remains is a producer of an older attempt in a process that
+is still alive: on Apache Kafka, ``init_transactions`` of the newer producer fences it;
+the test broker fenced such a producer's writes too (``test_fenced_producer_cannot_write``).
+
+Failure schedules (who dies right after which step) and what recovery sees:
+
+- before or during pre-commit, or after it but before the checkpoint completes: nothing
+  was sent; the checkpoint is not complete, the restore replays the input
+  (chaos: SINK_BEFORE_PRE_COMMIT, SINK_AFTER_PRE_COMMIT, AFTER_SNAPSHOT);
+- after the checkpoint completed, before the commit (a lost notification, the job master
+  dying before it notifies): the committable is in the restored state; the marker is below
+  its sequence, a scan (where an earlier commit left an intent) finds none of its records,
+  and everything is produced (chaos: BEFORE_NOTIFY in every plan, JOB_MASTER_BEFORE_NOTIFY);
+- after the intent, before the first record: the scan finds nothing, everything is
+  produced (unit: ``test_schedule_killed_after_the_intent_before_any_record``);
+- after some or all records were sent, before ``commit_transaction``: the restored
+  committer's ``init_transactions`` ends the dead transaction (Kafka: aborted; Tansu:
+  exposed), the scan finds what is visible and the rest is produced (chaos:
+  SINK_INSIDE_COMMIT in every Kafka plan; unit: ``test_schedule_killed_inside_commit_...``,
+  ``test_schedule_killed_after_part_of_the_records_were_sent``);
+- after ``commit_transaction`` returned, before the runtime recorded it: the marker says
+  committed: ALREADY_COMMITTED, nothing produced (chaos: SINK_DURING_COMMIT; unit:
+  ``test_schedule_commit_repeated_after_it_succeeded``);
+- between two commits of one writer, or inside the second: the first is recognised, the
+  second recovered (unit: ``test_schedule_killed_between_two_commits_of_a_checkpoint``);
+- a commit that must wait (RETRY_LATER) holds back the writer's later ones, which would
+  otherwise move the marker past it (unit: ``test_commits_of_one_writer_stay_in_order``);
+- a commit stalled while its attempt ends (its thread outlives the attempt): the next
+  attempt's committer waits for the id's lock or is in another process; either the stalled
+  commit completes first (the marker says so) or its producer is fenced (chaos: the stall
+  drawn for attempt 3; broker: ``test_fenced_producer_cannot_write``);
+- killed during recovery: recovery starts again from the same state (chaos: the ``sum``
+  pipeline's DURING_RECOVER; the Kafka plans' kills in attempts 2 and 3 often land in the
+  restored attempt's recovery commits).
 
 What was verified where: the protocol, and 0 lost / 0 duplicated under seeded kills
 (including between checkpoint completion and commit, and inside a commit after its
