@@ -183,6 +183,7 @@ class KafkaChaosRun:
     pipeline: str
     n: int
     restarts: int = 0
+    master_restarts: int = 0
     failures: list[str] = field(default_factory=list)
     plan: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
@@ -193,9 +194,15 @@ class KafkaChaosRun:
     def ok(self) -> bool:
         return not self.problems
 
+    @property
+    def kills(self) -> int:
+        """The kills that happened: restarts of the job, and of its job master."""
+        return self.restarts + self.master_restarts
+
     def line(self) -> str:
         return (
             f"seed={self.seed} pipeline={self.pipeline} restarts={self.restarts} "
+            f"jm_restarts={self.master_restarts} "
             f"rows={self.rows} {'PASS' if self.ok else 'FAIL'} {self.seconds:.1f}s "
             f"faults=[{', '.join(self.plan)}]"
             + (f" problems: {'; '.join(self.problems)}" if self.problems else "")
@@ -248,6 +255,7 @@ def run_pipeline(
     result = env.execute(f"kafka-chaos-{pipeline}-{seed}-{time.time_ns()}")
     run.seconds = time.time() - started
     run.restarts = result.restarts
+    run.master_restarts = result.job_master_restarts
     run.failures = list(result.failures)
     if collect is not None:
         check_sums(run, result.sink_result(collect))
@@ -274,11 +282,38 @@ def check_sums(run: KafkaChaosRun, table: pa.Table) -> None:
         run.problems.append(f"{len(repeated)} keys repeat or lower a committed total")
 
 
+def held_back(broker, topic: str) -> str:
+    """Which commits the records past each partition's stable offset came from (their
+    recovery headers), to tell whose transaction is open."""
+    import confluent_kafka
+
+    consumer = confluent_kafka.Consumer(
+        broker.config(**{"group.id": "held-back", "isolation.level": "read_committed"})
+    )
+    try:
+        stable = {
+            p: consumer.get_watermark_offsets(
+                confluent_kafka.TopicPartition(topic, p), timeout=10, cached=False
+            )[1]
+            for p in range(broker.partitions(topic))
+        }
+    finally:
+        consumer.close()
+    found: Counter = Counter()
+    for m in broker.read(topic, "read_uncommitted"):
+        if m.offset() >= stable[m.partition()]:
+            tag = dict(m.headers() or []).get("rf.txn", b"?").decode().rsplit(":", 1)[0]
+            found[(m.partition(), tag)] += 1
+    return f"stable offsets {stable}; past them (partition, writer:sequence): {dict(found)}"
+
+
 def check_topic(run: KafkaChaosRun, broker, topic: str) -> None:
     try:
         messages = broker.read(topic, timeout_s=60)
     except TimeoutError as exc:
-        run.problems.append(f"the output is held back by an open transaction: {exc}")
+        run.problems.append(
+            f"the output is held back by an open transaction: {exc}; {held_back(broker, topic)}"
+        )
         return
     run.rows = len(messages)
     counts = Counter(int(m.value()) for m in messages)
