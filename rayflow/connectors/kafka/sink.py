@@ -420,6 +420,8 @@ class _KafkaCommitter(Committer[KafkaCommittable]):
         self._client: Any = None  # a consumer for metadata and end offsets
         #: records a recovering commit found visible already, and so did not produce
         self.found_visible = 0
+        #: close() came while a commit ran in another thread: release when it ends
+        self._close_requested = False
 
     def committable_id(self, committable: KafkaCommittable) -> str:
         return (
@@ -597,6 +599,7 @@ class _KafkaCommitter(Committer[KafkaCommittable]):
         if committable.records is None:
             return CommitOutcome.committed()  # produced and flushed at pre-commit
         with _id_lock(committable.transactional_id), self._lock:
+            self._close_requested = False  # used again (a clean-up after close)
             try:
                 return self._commit(committable)
             except _Failed as exc:
@@ -607,6 +610,9 @@ class _KafkaCommitter(Committer[KafkaCommittable]):
                 return CommitOutcome.retry_later(str(exc))
             except _NotYet as exc:
                 return CommitOutcome.retry_later(str(exc))
+            finally:
+                if self._close_requested:  # closed while this commit ran: release now
+                    self._release()
 
     def _commit(self, c: KafkaCommittable) -> CommitOutcome:
         writer = self._writer(c, c.run)
@@ -706,6 +712,16 @@ class _KafkaCommitter(Committer[KafkaCommittable]):
         return 0
 
     def close(self) -> None:
+        """Release the clients: now, or when a commit running in another thread (a
+        recovery) ends, never under it. A later commit (a clean-up) makes new ones."""
+        self._close_requested = True
+        if self._lock.acquire(blocking=False):
+            try:
+                self._release()
+            finally:
+                self._lock.release()
+
+    def _release(self) -> None:
         for txn_id in list(self._writers):
             self._drop(txn_id)
         clients = [*self._marker_clients.values(), self._client]
