@@ -129,10 +129,10 @@ def install_tracing() -> None:
     orig_write, orig_push, orig_send = out.write, out._push, out.send
     orig_admit, orig_next = gate.push, gate.next
 
-    async def write(self: Any, item: Any) -> bool:
+    async def write(self: Any, item: Any, *args: Any, **kwargs: Any) -> bool:
         if isinstance(item, LatencyMarker):
             note(ev="write", m=item.created_at, t=time.time(), ch=self.channel)
-        return await orig_write(self, item)
+        return await orig_write(self, item, *args, **kwargs)
 
     def _push(self: Any, message: Any, items: int, size: int) -> None:
         now = time.time()

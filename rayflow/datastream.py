@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from rayflow.functions import KeyedProcessFunction
-from rayflow.plan.logical import InputEdge, Transformation
+from rayflow.plan.logical import InputEdge, Transformation, check_parallelism
 from rayflow.plan.partitioners import KeySelector, PartitionerSpec, PartitionKind
 from rayflow.runtime import operators as ops
 from rayflow.runtime.sink_operator import sink_operator_factory
@@ -22,6 +22,14 @@ if TYPE_CHECKING:
     from rayflow.environment import StreamExecutionEnvironment
 
 __all__ = ["DataStream", "KeyedStream", "DataStreamSink"]
+
+
+def _output_type(output_type: Any) -> pa.Schema | None:
+    if output_type is not None and not isinstance(output_type, pa.Schema):
+        raise TypeError(
+            f"output_type must be a pyarrow.Schema (pa.schema([...])), got {output_type!r}"
+        )
+    return output_type
 
 
 class DataStream:
@@ -49,16 +57,15 @@ class DataStream:
         return self
 
     def set_parallelism(self, parallelism: int) -> DataStream:
-        if parallelism < 1:
-            raise ValueError(
-                f"operator {self._transformation.name!r}: parallelism must be >= 1, "
-                f"got {parallelism}"
-            )
-        self._transformation.parallelism = parallelism
+        owner = f"operator {self._transformation.name!r}"
+        self._transformation.parallelism = check_parallelism(owner, parallelism)
         return self
 
     def set_max_parallelism(self, max_parallelism: int) -> DataStream:
-        self._transformation.max_parallelism = max_parallelism
+        owner = f"operator {self._transformation.name!r}"
+        self._transformation.max_parallelism = check_parallelism(
+            owner, max_parallelism, "max parallelism"
+        )
         return self
 
     def disable_chaining(self) -> DataStream:
@@ -100,12 +107,25 @@ class DataStream:
         )
 
     def map(
-        self, func: Callable[[dict[str, Any]], dict[str, Any]], name: str = "Map"
+        self,
+        func: Callable[[dict[str, Any]], dict[str, Any]],
+        name: str = "Map",
+        output_type: pa.Schema | None = None,
     ) -> DataStream:
-        return DataStream(self._env, self._add(name, ops.factory(ops.MapOperator, func)))
+        """One record out per record in. The output keeps one schema: the first batch's
+        (keys some records lack are None), or ``output_type`` when given."""
+        factory = ops.factory(ops.MapOperator, func, _output_type(output_type))
+        return DataStream(self._env, self._add(name, factory))
 
-    def flat_map(self, func: Callable[[dict[str, Any]], Any], name: str = "FlatMap") -> DataStream:
-        return DataStream(self._env, self._add(name, ops.factory(ops.FlatMapOperator, func)))
+    def flat_map(
+        self,
+        func: Callable[[dict[str, Any]], Any],
+        name: str = "FlatMap",
+        output_type: pa.Schema | None = None,
+    ) -> DataStream:
+        """Any number of records out per record in (an iterable, or None for none)."""
+        factory = ops.factory(ops.FlatMapOperator, func, _output_type(output_type))
+        return DataStream(self._env, self._add(name, factory))
 
     def filter(self, func: Callable[[dict[str, Any]], bool], name: str = "Filter") -> DataStream:
         return DataStream(self._env, self._add(name, ops.factory(ops.FilterOperator, func)))
@@ -132,6 +152,11 @@ class DataStream:
         transformation = self._add(name, sink_operator_factory(sink), "sink", sink)
         return DataStreamSink(self._env, transformation)
 
+    def execute_and_collect(self, job_name: str = "rayflow job", limit: int | None = None) -> Any:
+        """Run the job on Ray and return the records of this stream (PyFlink's name; see
+        ``StreamExecutionEnvironment.execute_and_collect``)."""
+        return self._env._execute_and_collect(self, job_name, limit)
+
     def print(self, name: str = "Print") -> DataStreamSink:
         from sinks.basic import PrintSink
 
@@ -146,19 +171,27 @@ class KeyedStream(DataStream):
         assert self._partitioner.key is not None
         return self._partitioner.key
 
-    def reduce(self, func: Callable[[dict, dict], dict], name: str = "Reduce") -> DataStream:
+    def reduce(
+        self,
+        func: Callable[[dict, dict], dict],
+        name: str = "Reduce",
+        output_type: pa.Schema | None = None,
+    ) -> DataStream:
         """Per record, emit ``func(previous result of its key, record)``; a key's first
         record is emitted as it is."""
-        return DataStream(
-            self._env, self._add(name, ops.factory(ops.KeyedReduceOperator, self._key, func))
-        )
+        factory = ops.factory(ops.KeyedReduceOperator, self._key, func, _output_type(output_type))
+        return DataStream(self._env, self._add(name, factory))
 
-    def process(self, func: KeyedProcessFunction, name: str = "KeyedProcess") -> DataStream:
+    def process(
+        self,
+        func: KeyedProcessFunction,
+        name: str = "KeyedProcess",
+        output_type: pa.Schema | None = None,
+    ) -> DataStream:
         if not isinstance(func, KeyedProcessFunction):
             raise TypeError(f"process: expected a KeyedProcessFunction, got {type(func).__name__}")
-        return DataStream(
-            self._env, self._add(name, ops.factory(ops.KeyedProcessOperator, self._key, func))
-        )
+        factory = ops.factory(ops.KeyedProcessOperator, self._key, func, _output_type(output_type))
+        return DataStream(self._env, self._add(name, factory))
 
     def _aggregate(self, aggregation: str, field: str | None, name: str) -> DataStream:
         return DataStream(
@@ -196,5 +229,13 @@ class DataStreamSink:
         return self
 
     def set_parallelism(self, parallelism: int) -> DataStreamSink:
-        self._transformation.parallelism = parallelism
+        owner = f"sink {self._transformation.name!r}"
+        self._transformation.parallelism = check_parallelism(owner, parallelism)
+        return self
+
+    def set_max_parallelism(self, max_parallelism: int) -> DataStreamSink:
+        owner = f"sink {self._transformation.name!r}"
+        self._transformation.max_parallelism = check_parallelism(
+            owner, max_parallelism, "max parallelism"
+        )
         return self

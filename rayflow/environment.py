@@ -23,7 +23,8 @@ from rayflow.datastream import DataStream
 from rayflow.errors import JobCancelledError, JobFailedError
 from rayflow.guarantees import CheckpointingFacts, GuaranteeResolution
 from rayflow.keygroups import DEFAULT_MAX_PARALLELISM
-from rayflow.plan.logical import LogicalPlan
+from rayflow.plan.checks import check_aggregations, check_picklable
+from rayflow.plan.logical import LogicalPlan, check_parallelism
 from rayflow.plan.physical import JobGraph, build_job_graph
 from rayflow.runtime.channels import (
     DEFAULT_BUFFER_BYTES,
@@ -43,7 +44,7 @@ from rayflow.sink import Sink
 from rayflow.sources import CollectionSource, Source
 from rayflow.status import FailureKind, JobState
 
-__all__ = ["StreamExecutionEnvironment", "JobClient", "JobResult"]
+__all__ = ["StreamExecutionEnvironment", "JobClient", "JobResult", "CollectedRecords"]
 
 
 #: Ray's inline-argument limit rayflow sets when it starts a local Ray: messages of up to
@@ -390,6 +391,20 @@ class JobClient:
             self._warm = None
 
 
+class CollectedRecords(list):
+    """The records ``execute_and_collect`` returns: a list, which also works as PyFlink's
+    ``with stream.execute_and_collect() as results:``."""
+
+    def __enter__(self) -> CollectedRecords:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Nothing to release: the job has ended."""
+
+
 def job_actor_count(graph: JobGraph) -> int:
     """Actors a run of ``graph`` takes: one per subtask, the job master and the run lock."""
     return sum(v.parallelism for v in graph.vertices.values()) + 2
@@ -525,18 +540,16 @@ class StreamExecutionEnvironment:
     # --- configuration -------------------------------------------------------------------
 
     def set_parallelism(self, parallelism: int) -> StreamExecutionEnvironment:
-        if parallelism < 1:
-            raise ValueError(f"set_parallelism: must be >= 1, got {parallelism}")
-        self._parallelism = parallelism
+        self._parallelism = check_parallelism("set_parallelism", parallelism)
         return self
 
     def get_parallelism(self) -> int:
         return self._parallelism
 
     def set_max_parallelism(self, max_parallelism: int) -> StreamExecutionEnvironment:
-        if not 1 <= max_parallelism <= 32768:
-            raise ValueError(f"set_max_parallelism: must be in 1..32768, got {max_parallelism}")
-        self._max_parallelism = max_parallelism
+        self._max_parallelism = check_parallelism(
+            "set_max_parallelism", max_parallelism, "max parallelism"
+        )
         return self
 
     def get_max_parallelism(self) -> int:
@@ -685,6 +698,8 @@ class StreamExecutionEnvironment:
         return DataStream(self, self._plan.add(name=source_name, kind="source", source=source))
 
     def from_collection(self, collection: Any, source_name: str = "Collection") -> DataStream:
+        """Records from a list: dicts (column -> value), tuples (columns ``f0, f1, ...``)
+        or scalars (one column ``value``), all of one kind; or an Arrow table."""
         return self.from_source(CollectionSource(collection), source_name)
 
     # --- running -------------------------------------------------------------------------
@@ -701,6 +716,7 @@ class StreamExecutionEnvironment:
         graph = build_job_graph(
             self._plan, self._parallelism, self._max_parallelism, self._chaining
         )
+        check_aggregations(graph)
         facts = self._checkpointing_facts()
         for spec in graph.sink_specs():
             # The resolution is the graph's: the user's sink object is never changed.
@@ -763,6 +779,7 @@ class StreamExecutionEnvironment:
         graph = self.get_job_graph()
         if not graph.vertices:
             raise ValueError("execute: the job has no operators; add a source and a sink")
+        check_picklable(graph)  # here, not as Ray's error once the job deploys
         config = self._checkpoint_config
         settings = JobSettings(
             job_name=job_name,
@@ -838,3 +855,40 @@ class StreamExecutionEnvironment:
     def execute(self, job_name: str = "rayflow job", restore_from: str | None = None) -> JobResult:
         """Run the job to the end and return its result (see ``execute_async``)."""
         return self.execute_async(job_name, restore_from).wait()
+
+    def execute_and_collect(
+        self, job_name: str = "rayflow job", limit: int | None = None
+    ) -> CollectedRecords:
+        """Run the job on Ray and return the records of its stream that ends without a
+        sink (PyFlink's name; for tests and notebooks). The job must be bounded; records
+        of parallel subtasks come in no particular order across subtasks; ``limit`` keeps
+        the first ``limit``. ``stream.execute_and_collect()`` picks the stream itself."""
+        ends = self._plan.open_ends()
+        if len(ends) != 1:
+            names = ", ".join(repr(t.name) for t in ends)
+            raise ValueError(
+                "execute_and_collect: collects the one stream that ends without a sink; "
+                + (
+                    f"{len(ends)} do ({names}): call execute_and_collect() on one of them"
+                    if ends
+                    else "every stream ends in a sink (leave the one to collect without)"
+                )
+            )
+        stream = DataStream(self, ends[0])
+        return self._execute_and_collect(stream, job_name, limit)
+
+    def _execute_and_collect(
+        self, stream: DataStream, job_name: str, limit: int | None
+    ) -> CollectedRecords:
+        from sinks.basic import CollectSink
+
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)):
+            raise TypeError(f"execute_and_collect: limit must be an int or None, got {limit!r}")
+        sink = CollectSink()
+        end = stream.sink_to(sink, name="execute_and_collect")
+        try:
+            result = self.execute(job_name)
+        finally:
+            self._plan.remove(end._transformation.id)
+        records = result.sink_result(sink).to_pylist()
+        return CollectedRecords(records if limit is None else records[:limit])

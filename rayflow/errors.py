@@ -1,8 +1,18 @@
-"""Errors a job raises to its driver."""
+"""Errors a job raises to its driver, and the errors that name a mistake in a job's own
+definition or functions (raised on the driver before the job deploys, or in the operator
+where the mistake shows)."""
 
 from __future__ import annotations
 
-__all__ = ["JobFailedError", "OperatorError", "JobCancelledError", "ConcurrentRunError"]
+__all__ = [
+    "JobFailedError",
+    "OperatorError",
+    "JobCancelledError",
+    "ConcurrentRunError",
+    "RecordError",
+    "SchemaChangeError",
+    "NotPicklableError",
+]
 
 
 class OperatorError(RuntimeError):
@@ -36,3 +46,16 @@ class JobCancelledError(JobFailedError):
 
 class ConcurrentRunError(RuntimeError):
     """A run of the same job name is already running on this Ray cluster."""
+
+
+class RecordError(TypeError):
+    """A user function gave something that is not a record (a dict with str keys)."""
+
+
+class SchemaChangeError(ValueError):
+    """An operator's records changed in a way the schema of its output cannot hold
+    (a key its earlier records did not have, or a value of another type)."""
+
+
+class NotPicklableError(TypeError):
+    """A function, source or sink of a job cannot be pickled to be sent to its subtasks."""

@@ -60,8 +60,8 @@ checkpoint completes), in NONE mode whenever a transaction rolls.
 Direct use: a :class:`TwoPhaseCommittingSink` also offers the steps above as its own
 methods (``sink.begin_transaction(context, sequence)``, ``sink.commit(committable)``
 raising on anything but success, ...), for tools and tests that drive a sink without a
-job. They run on writers and a committer this process keeps beside the sink (see
-:mod:`rayflow.process_local`), never pickled with it. The runtime does not use them.
+job. They run on writers and a committer this process keeps in a slot of the sink that
+never travels (see :mod:`rayflow.process_local`). The runtime does not use them.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -225,11 +225,15 @@ class _TableReader(_SequentialReader):
 
 
 class CollectionSource(Source):
-    """Records from an in-memory list of dicts or an Arrow table."""
+    """Records from an in-memory collection or an Arrow table.
+
+    The elements are records (dicts of column -> value; a key some records lack is None
+    in the others), tuples (columns ``f0, f1, ...``, PyFlink's names; a named tuple's
+    fields keep their names) or scalars (one column ``value``), all of one kind."""
 
     def __init__(
         self,
-        records: Sequence[dict[str, Any]] | pa.Table | pa.RecordBatch,
+        records: Sequence[dict[str, Any]] | Sequence[Any] | pa.Table | pa.RecordBatch,
         *,
         batch_size: int | None = None,
         schema: pa.Schema | None = None,
@@ -240,10 +244,7 @@ class CollectionSource(Source):
         elif isinstance(records, pa.Table):
             table = records
         else:
-            records = list(records)
-            if not records and schema is None:
-                raise ValueError("CollectionSource: an empty collection needs a schema")
-            table = pa.Table.from_pylist(records, schema=schema)
+            table = _collection_table(records, schema)
         self.table = table
         row_bytes = table.nbytes / table.num_rows if table.num_rows else 1.0
         #: rows per batch: as given, else about ``DEFAULT_BATCH_BYTES`` of the table's rows
@@ -261,6 +262,89 @@ class CollectionSource(Source):
 
     def create_reader(self, splits: list[SourceSplit]) -> SourceReader:
         return _TableReader(splits, self.table, self.batch_size)
+
+
+_KINDS = "Give all elements as dicts, tuples (columns f0, f1, ...) or scalars (one column 'value')."
+
+
+def _element_kind(element: Any) -> str:
+    if isinstance(element, Mapping):
+        return "dict"
+    if isinstance(element, tuple):
+        return "tuple"
+    if isinstance(element, (list, set, frozenset, bytearray)):
+        return type(element).__name__
+    return "scalar"
+
+
+def _describe(element: Any) -> str:
+    from rayflow.runtime.records import sample
+
+    return f"{'None' if element is None else type(element).__name__} ({sample(element)})"
+
+
+def _collection_table(records: Any, schema: pa.Schema | None) -> pa.Table:
+    """The table of a collection's elements; a TypeError says which element is wrong."""
+    from rayflow.runtime.records import OutputRecords
+
+    if isinstance(records, (Mapping, str, bytes)):
+        hint = "; for a dict of columns use pa.table(...)" if isinstance(records, Mapping) else ""
+        raise TypeError(
+            f"from_collection: expected a list of records, got a {type(records).__name__}{hint}"
+        )
+    try:
+        elements = list(records)
+    except TypeError:
+        raise TypeError(
+            "from_collection: expected a list (or another iterable) of records (dicts), got "
+            f"{type(records).__name__}"
+        ) from None
+    if not elements:
+        if schema is None:
+            raise ValueError("CollectionSource: an empty collection needs a schema")
+        return schema.empty_table()
+    kind = _element_kind(elements[0])
+    if kind not in ("dict", "tuple", "scalar"):
+        raise TypeError(
+            f"from_collection: records are dicts (column -> value); element 0 is a {kind}. "
+            + _KINDS
+        )
+    width = len(elements[0]) if kind == "tuple" else 0
+    for position, element in enumerate(elements):
+        if _element_kind(element) != kind:
+            raise TypeError(
+                f"from_collection: records are dicts (column -> value); element {position} is "
+                f"{_describe(element)} where element 0 is a {kind}. " + _KINDS
+            )
+        if kind == "tuple" and len(element) != width:
+            raise TypeError(
+                f"from_collection: element {position} is a tuple of {len(element)} fields where "
+                f"element 0 has {width}; records are dicts (column -> value) or tuples of one "
+                "length"
+            )
+        if kind == "dict":
+            for key in element:
+                if not isinstance(key, str):
+                    raise TypeError(
+                        f"from_collection: element {position} has key {key!r} "
+                        f"({type(key).__name__}); records are dicts whose keys (column names) "
+                        "are str"
+                    )
+    if kind == "scalar":
+        rows = [{"value": element} for element in elements]
+    elif kind == "tuple":
+        fields = getattr(elements[0], "_fields", None) or [f"f{i}" for i in range(width)]
+        rows = [dict(zip(fields, element)) for element in elements]
+    else:
+        rows = elements
+    if schema is not None:
+        extra = {key for row in rows for key in row} - set(schema.names)
+        if extra:
+            raise ValueError(
+                f"from_collection: the records have keys the schema does not: {sorted(extra)}"
+            )
+        return pa.Table.from_pylist(rows, schema=schema)
+    return pa.Table.from_batches(OutputRecords("from_collection").build(rows))
 
 
 # --- files ----------------------------------------------------------------------------

@@ -1,4 +1,8 @@
-"""Fault injection for tests of exactly-once behaviour (public).
+"""Fault injection for tests of exactly-once behaviour, and running a job in process
+for unit tests of its functions (public).
+
+:func:`run_in_process` (from :mod:`rayflow.inprocess`) runs a job without Ray, with the
+same operators, partitioners and key groups, and no fault tolerance.
 
 A :class:`FaultPlan` is a list of :class:`Fault` s handed to a job with
 :func:`inject_faults`. Each fault fires at most once: in one attempt of the job
@@ -23,6 +27,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from rayflow.inprocess import InProcessResult, run_in_process
 from rayflow.runtime.hooks import HookPoint, MasterHooks, RuntimeHooks, SubtaskHooks
 
 __all__ = [
@@ -32,6 +37,8 @@ __all__ = [
     "InjectedFault",
     "inject_faults",
     "wait_for_checkpoints",
+    "run_in_process",
+    "InProcessResult",
 ]
 
 #: The points where a fault can fire: the runtime's hook points.

@@ -55,6 +55,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote, quote_plus
 
 import pyarrow as pa
 import pyarrow.csv as pcsv
@@ -86,6 +87,8 @@ log = logging.getLogger("rayflow.sinks.postgres")
 
 #: PostgreSQL's limit for a prepared transaction's id (GIDSIZE - 1)
 MAX_GID = 199
+#: how often the server checks that a writer's client is still there while it works
+CLIENT_CHECK_MS = 1000
 _LINE = re.compile(r"\bline (\d+)")
 
 
@@ -143,6 +146,12 @@ class _Target:
         #: the connection string (configuration: it travels to every subtask; never shown)
         self.dsn = dsn
         self._password = str(info.get("password") or "")
+        #: every spelling of the password this DSN may hold or a message may quote
+        self._secrets = _spellings(self._password, dsn)
+        #: the DSN as it may be shown: parsed, with the password replaced
+        self._shown_dsn = _psycopg().conninfo.make_conninfo(
+            "", **{k: ("***" if k == "password" else v) for k, v in info.items()}
+        )
         self._where = (
             f"{info.get('host') or 'localhost'}:{info.get('port') or 5432}/"
             f"{info.get('dbname') or ''}" + (f" as {info['user']}" if info.get("user") else "")
@@ -177,13 +186,14 @@ class _Target:
         return f"{who} (table {self.table_name} at {self._where})"
 
     def _scrub(self, text: str) -> str:
-        """``text`` without the DSN's password (in case a message quotes it)."""
-        if self._password:
-            text = text.replace(self._password, "***")
+        """``text`` without the DSN's password, however spelled (in case a message
+        quotes it)."""
+        for secret in self._secrets:
+            text = text.replace(secret, "***")
         return text
 
     def _safe_dsn(self) -> str:
-        return self._scrub(self.dsn)
+        return self._shown_dsn
 
     def _describe_error(self, exc: BaseException) -> str:
         sqlstate = getattr(exc, "sqlstate", None)
@@ -219,6 +229,26 @@ class _Target:
                 f"{self._label(name)}: cannot connect: {self._describe_error(exc)}",
                 getattr(exc, "sqlstate", None),
             ) from None
+
+    def _watch_client(self, conn: Any) -> None:
+        """Make the server drop this session's work when its client is gone (PostgreSQL
+        14 and later; earlier servers notice only when they answer).
+
+        A writer's process can be killed while its PREPARE TRANSACTION (or a merge) is
+        still running at the server, held up by a deferred trigger or a lock: without
+        this, the server finishes it for nobody after the next attempt has listed and
+        swept this subtask's prepared transactions, and it stays behind. With it, the
+        server aborts it within ``CLIENT_CHECK_MS`` of the client's death."""
+        if conn.info.server_version < 140000:
+            return
+        try:
+            conn.execute(f"SET client_connection_check_interval = {CLIENT_CHECK_MS}")
+            if not conn.autocommit:
+                conn.commit()  # a SET rolled back with its transaction would be undone
+        except _psycopg().Error as exc:  # a safeguard, not a requirement
+            log.warning("%s: %s", self._label(), self._describe_error(exc))
+            if not conn.autocommit:
+                conn.rollback()
 
     def _table_columns(self, conn: Any, name: str) -> dict[str, str]:
         """The table's columns and their types; raises when the table does not exist."""
@@ -272,6 +302,25 @@ class _Target:
     def _repr_fields(self) -> str:
         columns = f", columns={list(self.columns)!r}" if self.columns else ""
         return f"dsn={self._safe_dsn()!r}, table={self.table_name!r}{columns}"
+
+
+def _spellings(password: str, dsn: str) -> list[str]:
+    """The ways ``dsn`` may spell ``password`` (as it is, percent-encoded in a URI,
+    escaped in a key/value string, and what the DSN itself holds there), longest first."""
+    if not password:
+        return []
+    found = {
+        password,
+        quote(password, safe=""),
+        quote(password),
+        quote_plus(password),
+        password.replace("\\", "\\\\").replace("'", "\\'"),
+    }
+    for pattern in (r"^[a-z]+://[^/?#@:]*:([^/?#@]+)@", r"[?&]password=([^&#]+)"):
+        match = re.search(pattern, dsn, re.IGNORECASE)
+        if match:
+            found.add(match.group(1))
+    return sorted((s for s in found if s), key=len, reverse=True)
 
 
 def _application_name(context: SinkContext | None, role: str) -> str:
@@ -455,6 +504,7 @@ class _PgWriter(TransactionWriter[_PgTransaction, PostgresCommittable]):
             self.conn = self.sink._connect(
                 self.name, _application_name(self.context, "writer"), autocommit=False
             )
+            self.sink._watch_client(self.conn)
             if self.guarantee is DeliveryGuarantee.EXACTLY_ONCE:
                 try:
                     self.sink._check_prepared_transactions(self.conn, self.name)
@@ -659,16 +709,22 @@ class _PgCommitter(Committer[PostgresCommittable]):
             ) from None
 
     def abort_lingering(self, context: SinkContext, keep: Sequence[PostgresCommittable]) -> int:
+        """Rolls back the prepared transactions of subtask ``context`` not in ``keep``, and
+        those of every subtask index at or beyond the job's parallelism that rescaling
+        gives it (``index % parallelism``, as a restore hands out old subtasks' state):
+        an earlier run at a higher parallelism may have left them, and no subtask has
+        that index any more."""
         prefix = self.sink.gid_prefix(context)
+        operator_prefix = prefix[: -len(f"{context.subtask_index:04d}_")]
         kept = {c.gid for c in keep if isinstance(c, PostgresCommittable) and c.gid}
         psycopg = _psycopg()
         try:
-            rows = (
+            listed = (
                 self._connection()
                 .execute(
                     "SELECT gid FROM pg_prepared_xacts WHERE database = current_database() "
                     "AND left(gid, %s) = %s ORDER BY gid",
-                    (len(prefix), prefix),
+                    (len(operator_prefix), operator_prefix),
                 )
                 .fetchall()
             )
@@ -678,6 +734,19 @@ class _PgCommitter(Committer[PostgresCommittable]):
                 f"{self.label}: listing prepared transactions: {self.sink._describe_error(exc)}",
                 getattr(exc, "sqlstate", None),
             ) from None
+        parallelism = context.parallelism
+        rows = []
+        for (gid,) in listed:
+            index, separator, _ = gid[len(operator_prefix) :].partition("_")
+            if not separator or not index.isdigit():
+                continue  # not a subtask's transaction of this sink
+            index = int(index)
+            if index == context.subtask_index or (
+                parallelism > 0
+                and index >= parallelism
+                and index % parallelism == context.subtask_index
+            ):
+                rows.append((gid,))
         aborted = 0
         for (gid,) in rows:
             if gid in kept:
@@ -874,6 +943,7 @@ class _UpsertWriter(SinkWriter):
             self.conn = self.sink._connect(
                 self.name, _application_name(self.context, "upsert"), autocommit=False
             )
+            self.sink._watch_client(self.conn)
             self._staging = None
         return self.conn
 

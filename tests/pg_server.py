@@ -158,6 +158,8 @@ class PgServer:
 
     def drop_database(self, name: str) -> None:
         """Drop ``name``, rolling back its prepared transactions first (they block a drop)."""
+        from psycopg import sql
+
         with self.connect(name) as conn:
             gids = [
                 row[0]
@@ -166,7 +168,8 @@ class PgServer:
                 )
             ]
             for gid in gids:
-                conn.execute("ROLLBACK PREPARED %s", (gid,))
+                # a gid is not a parameter here: the statement takes a literal only
+                conn.execute(sql.SQL("ROLLBACK PREPARED {}").format(sql.Literal(gid)))
         with self.connect() as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 

@@ -207,13 +207,8 @@ class PostgresTarget(Target):
             raise TargetError(
                 f'--sink postgres needs psycopg 3 ({exc}): pip install "psycopg[binary]"'
             ) from None
-        try:
-            from sinks.postgres import PostgresSink
-        except ImportError as exc:
-            raise TargetError(
-                "--sink postgres needs sinks.postgres (PostgresSink), which this rayflow "
-                f"does not have ({exc}); use --sink s3 or --sink files"
-            ) from None
+        from sinks.postgres import PostgresSink
+
         self._sink_class = PostgresSink
         self.dsn = dsn
         try:

@@ -13,6 +13,24 @@ from typing import Any
 
 from rayflow.plan.partitioners import PartitionerSpec
 
+#: The largest max parallelism (Flink's limit: key groups are numbered in 15 bits).
+UPPER_MAX_PARALLELISM = 1 << 15
+
+
+def check_parallelism(owner: str, value: Any, what: str = "parallelism") -> int:
+    """``value`` if it is a valid ``what`` (``parallelism`` or ``max parallelism``): an
+    int in 1.. (and at most :data:`UPPER_MAX_PARALLELISM` for max parallelism); else a
+    TypeError or ValueError that starts with ``owner`` and shows the value."""
+    upper = UPPER_MAX_PARALLELISM if what == "max parallelism" else None
+    bounds = f"in 1..{upper}" if upper else ">= 1"
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(
+            f"{owner}: {what} must be an int {bounds}, got {value!r} ({type(value).__name__})"
+        )
+    if value < 1 or (upper is not None and value > upper):
+        raise ValueError(f"{owner}: {what} must be an int {bounds}, got {value!r}")
+    return value
+
 
 @dataclass
 class InputEdge:
@@ -57,6 +75,22 @@ class LogicalPlan:
         self._next_id += 1
         self.transformations[transformation.id] = transformation
         return transformation
+
+    def open_ends(self) -> list[Transformation]:
+        """The transformations (not sinks, not unions) that nothing consumes: streams that
+        end without a sink."""
+        consumed = {edge.upstream for t in self.transformations.values() for edge in t.inputs}
+        return [
+            t
+            for t in self.transformations.values()
+            if t.id not in consumed and t.kind not in ("sink", "union")
+        ]
+
+    def remove(self, transformation_id: int) -> None:
+        """Drop a transformation nothing consumes (a sink added for one run)."""
+        if self.consumers(transformation_id):
+            raise ValueError(f"transformation {transformation_id} has consumers")
+        del self.transformations[transformation_id]
 
     def consumers(self, transformation_id: int) -> list[Transformation]:
         return [

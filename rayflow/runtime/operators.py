@@ -13,7 +13,8 @@ Contract, for every operator (called only from the subtask's mailbox loop):
   fires (on the mailbox), and ``commits_outstanding()``: True keeps the subtask from
   finishing after its final checkpoint (a sink with commits still due).
 
-Per-record functions convert a batch to dicts and back (:mod:`rayflow.runtime.records`);
+Per-record functions convert a batch to dicts and back (:mod:`rayflow.runtime.records`),
+which keeps each operator's output in one schema and names records that are not dicts;
 ``map_batches`` and the built-in keyed aggregations stay vectorized.
 """
 
@@ -25,7 +26,9 @@ from operator import itemgetter
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
+from rayflow.errors import RecordError
 from rayflow.functions import (
     FilterFunction,
     FlatMapFunction,
@@ -39,7 +42,14 @@ from rayflow.guarantees import DeliveryGuarantee
 from rayflow.keygroups import key_group_of, key_groups_of_array, key_groups_of_subtask
 from rayflow.plan.partitioners import KeySelector
 from rayflow.runtime.hooks import HookPoint
-from rayflow.runtime.records import batch_to_columns, batch_to_rows, rows_to_batches
+from rayflow.runtime.records import (
+    RETURNS_RECORD,
+    RETURNS_RECORDS,
+    YIELDS_RECORDS,
+    OutputRecords,
+    batch_to_columns,
+    batch_to_rows,
+)
 from rayflow.sink import Sink, SinkContext
 from rayflow.state import KeyedStateBackend
 
@@ -110,8 +120,20 @@ def _call_close(function: Any) -> None:
 
 
 class _UserFunctionOperator(Operator):
-    def __init__(self, function: Any) -> None:
+    #: how errors name this kind of operator (``map 'Double' must return ...``)
+    kind = "function"
+    #: what the function must give, in words
+    returns = RETURNS_RECORD
+
+    def __init__(self, function: Any, output_type: pa.Schema | None = None) -> None:
         self.function = function
+        self.output_type = output_type
+
+    def _output(self) -> OutputRecords:
+        """Where this operator's records become batches of one schema."""
+        return OutputRecords(
+            f"{self.kind} {self.context.operator_name!r}", self.output_type, self.returns
+        )
 
     def _runtime_context(self, backend: KeyedStateBackend | None = None) -> RuntimeContext:
         c = self.context
@@ -127,31 +149,52 @@ class _UserFunctionOperator(Operator):
         _call_close(self.function)
 
 
+def _iterable(value: Any) -> bool:
+    try:
+        iter(value)
+    except TypeError:
+        return False
+    return True
+
+
 class MapOperator(_UserFunctionOperator):
+    kind = "map"
+
     def open(self, context: OperatorContext) -> None:
         super().open(context)
         fn = self.function
         self._call = fn.map if isinstance(fn, MapFunction) else fn
+        self._out = self._output()
 
     def process(self, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
-        return rows_to_batches(list(map(self._call, batch_to_rows(batch))))
+        return self._out.build(list(map(self._call, batch_to_rows(batch))))
 
 
 class FlatMapOperator(_UserFunctionOperator):
+    kind = "flat_map"
+    returns = RETURNS_RECORDS
+
     def open(self, context: OperatorContext) -> None:
         super().open(context)
         fn = self.function
         self._call = fn.flat_map if isinstance(fn, FlatMapFunction) else fn
+        self._out = self._output()
 
     def process(self, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
         call = self._call
         out: list[dict[str, Any]] = []
         extend = out.extend
-        for record in batch_to_rows(batch):
-            produced = call(record)
-            if produced is not None:
-                extend(produced)
-        return rows_to_batches(out)
+        produced = None
+        try:
+            for record in batch_to_rows(batch):
+                produced = call(record)
+                if produced is not None:
+                    extend(produced)
+        except TypeError as exc:
+            if produced is not None and not _iterable(produced):
+                raise RecordError(self._out.not_iterable(produced)) from exc
+            raise
+        return self._out.build(out)
 
 
 class FilterOperator(_UserFunctionOperator):
@@ -185,8 +228,10 @@ class _KeyedOperator(_UserFunctionOperator):
     #: Restored from every earlier subtask's snapshot; the backend keeps its key groups.
     keyed = True
 
-    def __init__(self, key: KeySelector, function: Any = None) -> None:
-        super().__init__(function)
+    def __init__(
+        self, key: KeySelector, function: Any = None, output_type: pa.Schema | None = None
+    ) -> None:
+        super().__init__(function, output_type)
         self.key = key
 
     def open(self, context: OperatorContext) -> None:
@@ -225,6 +270,7 @@ class KeyedReduceOperator(_KeyedOperator):
     """Emits, for every record, the reduced value of its key so far (Flink's ``reduce``)."""
 
     STATE = "reduce"
+    kind = "reduce"
 
     def open(self, context: OperatorContext) -> None:
         super().open(context)
@@ -235,6 +281,7 @@ class KeyedReduceOperator(_KeyedOperator):
         # reach the state, so its loop skips that.
         self._sets_key = isinstance(fn, Function)
         self._tables = self.backend.key_tables(self.STATE)
+        self._out = self._output()
 
     def process(self, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
         rows, keys = self._rows_and_keys(batch)
@@ -245,27 +292,37 @@ class KeyedReduceOperator(_KeyedOperator):
         set_key = backend.set_current_key if self._sets_key else None
         out: list[dict[str, Any]] = []
         append = out.append
-        key = None
-        for key, record in zip(keys, rows):
-            if set_key is not None:
-                set_key(key)
-            table = tables.get(key)
-            if table is None:
-                table = table_of_key(key, name)
-            previous = table.get(key)
-            value = record if previous is None else call(previous, record)
-            table[key] = value
-            append(value)
+        key = previous = None
+        try:
+            for key, record in zip(keys, rows):
+                if set_key is not None:
+                    set_key(key)
+                table = tables.get(key)
+                if table is None:
+                    table = table_of_key(key, name)
+                previous = table.get(key)
+                value = record if previous is None else call(previous, record)
+                table[key] = value
+                append(value)
+        except Exception as exc:
+            # An earlier call returned no record, and this call failed on it.
+            if previous is not None and not isinstance(previous, dict):
+                raise RecordError(self._out.not_a_record(previous)) from exc
+            raise
         backend.set_current_key(key)  # where setting it per record would have left it
-        return rows_to_batches(out)
+        return self._out.build(out)
 
 
 class KeyedProcessOperator(_KeyedOperator):
+    kind = "process"
+    returns = YIELDS_RECORDS
+
     def open(self, context: OperatorContext) -> None:
         super().open(context)
         if not isinstance(self.function, KeyedProcessFunction):
             raise TypeError("process() takes a KeyedProcessFunction")
         self._ctx = KeyedProcessFunction.Context(self.backend)
+        self._out = self._output()
 
     def process(self, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
         rows, keys = self._rows_and_keys(batch)
@@ -276,20 +333,51 @@ class KeyedProcessOperator(_KeyedOperator):
         )
         out: list[dict[str, Any]] = []
         extend = out.extend
-        for key, record in zip(keys, rows):
-            set_key(key)
-            produced = process_element(record, ctx)
-            if produced is not None:
-                extend(produced)
-        return rows_to_batches(out)
+        produced = None
+        try:
+            for key, record in zip(keys, rows):
+                set_key(key)
+                produced = process_element(record, ctx)
+                if produced is not None:
+                    extend(produced)
+        except TypeError as exc:
+            if produced is not None and not _iterable(produced):
+                raise RecordError(self._out.not_iterable(produced)) from exc
+            raise
+        return self._out.build(out)
+
+
+def _skipping_nulls(combine: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+    """``combine`` where a null (None) on either side is skipped."""
+
+    def combined(a: Any, b: Any) -> Any:
+        if b is None:
+            return a
+        if a is None:
+            return b
+        return combine(a, b)
+
+    return combined
 
 
 _AGGREGATIONS: dict[str, tuple[str, Callable[[Any, Any], Any]]] = {
-    "sum": ("sum", lambda a, b: a + b),
+    "sum": ("sum", _skipping_nulls(lambda a, b: a + b)),
     "count": ("count", lambda a, b: a + b),
-    "min": ("min", min),
-    "max": ("max", max),
+    "min": ("min", _skipping_nulls(min)),
+    "max": ("max", _skipping_nulls(max)),
 }
+
+
+def _has_order(t: pa.DataType) -> bool:
+    nested = (
+        pa.types.is_list,
+        pa.types.is_large_list,
+        pa.types.is_fixed_size_list,
+        pa.types.is_struct,
+        pa.types.is_map,
+        pa.types.is_union,
+    )
+    return not any(f(t) for f in nested)
 
 
 class KeyedAggregateOperator(_KeyedOperator):
@@ -299,6 +387,14 @@ class KeyedAggregateOperator(_KeyedOperator):
     it touched, holding that key's running aggregate after the batch: the
     columns are the key column (``key`` for a key function) and the field
     (``count`` for counts).
+
+    Nulls as in Flink SQL: ``sum``, ``min`` and ``max`` skip null values (a key a
+    record lacked upstream is null; a batch without the field, after batches with it,
+    holds only nulls), the result of a key whose values were all null so far is null,
+    and ``count`` counts records. ``metrics()`` counts the nulls skipped
+    (``nulls_skipped``). The field must be numeric for ``sum`` and have an order for
+    ``min`` and ``max`` (numbers, strings, times): checked when the job is built if the
+    source's schema is known, else on the first batch.
     """
 
     def __init__(self, key: KeySelector, aggregation: str, field: str | None) -> None:
@@ -309,16 +405,69 @@ class KeyedAggregateOperator(_KeyedOperator):
         self.field = field
         self.output_field = field if aggregation != "count" else "count"
         self.state_name = f"{aggregation}:{self.output_field}"
+        self.nulls_skipped = 0
+        self._field_type: pa.DataType | None = None  # of the field in the last batch
+        self._total_type: pa.DataType | None = None  # of the aggregate column emitted
+
+    @staticmethod
+    def check_field(aggregation: str, field: str | None, schema: pa.Schema) -> pa.DataType | None:
+        """The type of ``field`` in ``schema`` if ``aggregation`` can aggregate it, else a
+        KeyError (no such field) or TypeError (a field of the wrong type)."""
+        if field is None:
+            return None
+        index = schema.get_field_index(field)
+        if index < 0:
+            raise KeyError(f"{aggregation}({field!r}): no such column (columns: {schema.names})")
+        t = schema.field(index).type
+        if pa.types.is_null(t):
+            return t  # only nulls so far: nothing to check
+        if aggregation == "sum":
+            if not (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t)):
+                raise TypeError(
+                    f"sum({field!r}): field {field!r} is {t}; sum needs a numeric field"
+                )
+        elif not _has_order(t):
+            raise TypeError(
+                f"{aggregation}({field!r}): field {field!r} is {t}; {aggregation} needs a "
+                "field with an order (a number, string, date or time)"
+            )
+        return t
+
+    def metrics(self) -> dict[str, Any]:
+        return {} if self.field is None else {"nulls_skipped": self.nulls_skipped}
+
+    def _checked(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        """``batch`` with the field checked (and as nulls where a batch lacks it after
+        earlier batches had it); counts the nulls the aggregation skips."""
+        field = self.field
+        if field is None:
+            return batch
+        index = batch.schema.get_field_index(field)
+        if index < 0 and self._field_type is not None and field not in batch.schema.names:
+            batch = batch.append_column(field, pa.nulls(batch.num_rows, self._field_type))
+            index = batch.num_columns - 1
+        t = batch.schema.field(index).type if index >= 0 else None
+        if t is None or t != self._field_type:
+            t = self.check_field(self.aggregation, field, batch.schema)
+            if self._field_type is None or not pa.types.is_null(t):
+                self._field_type = t
+            if self._total_type is None or pa.types.is_null(self._total_type):
+                self._total_type = self._aggregate_type(t)
+        self.nulls_skipped += batch.column(index).null_count
+        return batch
+
+    def _aggregate_type(self, t: pa.DataType) -> pa.DataType:
+        if self.aggregation == "count":
+            return pa.int64()
+        if self.aggregation == "sum" and not pa.types.is_null(t):
+            return pc.sum(pa.array([], type=t)).type
+        return t
 
     def process(self, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
         if batch.num_rows == 0:
             return []
+        batch = self._checked(batch)
         key_column = self.key.column
-        if self.field is not None and self.field not in batch.schema.names:
-            raise KeyError(
-                f"{self.aggregation}({self.field!r}): no such column "
-                f"(columns: {batch.schema.names})"
-            )
         if key_column is not None:
             keys, partials = self._partials_vectorized(batch, key_column)
         else:
@@ -337,7 +486,22 @@ class KeyedAggregateOperator(_KeyedOperator):
             table[key] = total
             totals.append(total)
         key_name = key_column or "key"
-        return [pa.RecordBatch.from_pydict({key_name: keys, self.output_field: totals})]
+        columns: dict[str, Any] = {key_name: keys}
+        columns[self.output_field] = self._totals_array(totals)
+        return [pa.RecordBatch.from_pydict(columns)]
+
+    def _totals_array(self, totals: list[Any]) -> pa.Array:
+        """The totals in the aggregate's type (the same from batch to batch, also while a
+        key's total is still null), or as inferred when the input's type changed."""
+        total_type = self._total_type if self.field is not None else pa.int64()
+        array = pa.array(totals)  # inferred: a typed conversion would truncate floats
+        if total_type is None or array.type == total_type:
+            return array
+        try:
+            return array.cast(total_type, safe=True)
+        except pa.ArrowException:
+            self._total_type = array.type
+            return array
 
     def _partials_vectorized(self, batch: pa.RecordBatch, key_column: str) -> tuple[list, list]:
         table = pa.Table.from_batches([batch])

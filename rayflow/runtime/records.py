@@ -1,22 +1,52 @@
-"""Conversions between Arrow record batches and the per-record dicts user functions see.
+"""Conversions between Arrow record batches and the per-record dicts user functions see,
+and the schema of what a per-record operator emits.
 
-:func:`batch_to_rows` gives exactly ``batch.to_pylist()`` and :func:`rows_to_batch`
-exactly ``pa.RecordBatch.from_pylist(rows)`` (columns named by the first row's keys,
-a key missing from a later row is None, types inferred per column), only faster:
-``to_pylist`` looks up every column once per row, while here each column is
-converted once and the dicts are built by a comprehension compiled per tuple of
-column names. :func:`batch_to_columns` also hands back the column lists, so that a
-keyed operator can take its keys without a lookup per record.
+:func:`batch_to_rows` gives exactly ``batch.to_pylist()``, only faster: ``to_pylist``
+looks up every column once per row, while here each column is converted once and the
+dicts are built by a comprehension compiled per tuple of column names.
+:func:`batch_to_columns` also hands back the column lists, so that a keyed operator can
+take its keys without a lookup per record.
+
+:class:`OutputRecords` turns the records one operator returns into batches:
+
+* records whose keys differ are unified: the columns are every key in order of first
+  appearance, None where a record lacks a key (nothing is dropped);
+* the operator's output keeps one schema, the first one it emitted (or the declared
+  ``output_type``): a later batch that lacks a key gets nulls there, and a value that
+  converts safely (an int into a float column) is cast; a key that schema does not have,
+  or a value of another type, raises :class:`~rayflow.errors.SchemaChangeError` naming the
+  operator, the key and a sample record (rather than a schema mismatch in a sink later);
+* anything that is not a dict with str keys raises :class:`~rayflow.errors.RecordError`.
+
+The schema is each subtask's own, not part of checkpoints: parallel subtasks of one
+operator, or an attempt after a restart, take it from their own first batch; a declared
+``output_type`` is the same everywhere.
+
+Records that all have the first record's keys (the common case) cost one C-level pass per
+column (an ``itemgetter`` mapped over the records) and one over the records' lengths;
+only when a key is missing or a count differs is the batch unified record by record.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from operator import itemgetter
 from typing import Any
 
 import pyarrow as pa
 
-__all__ = ["batch_to_rows", "batch_to_columns", "rows_to_batch", "rows_to_batches"]
+from rayflow.errors import RecordError, SchemaChangeError
+
+__all__ = [
+    "batch_to_rows",
+    "batch_to_columns",
+    "rows_to_batch",
+    "rows_to_batches",
+    "OutputRecords",
+    "RETURNS_RECORD",
+    "RETURNS_RECORDS",
+    "YIELDS_RECORDS",
+]
 
 _BUILDERS: dict[tuple[str, ...], Callable[..., list[dict[str, Any]]]] = {}
 _MAX_BUILDERS = 256
@@ -59,12 +89,293 @@ def batch_to_rows(batch: pa.RecordBatch) -> list[dict[str, Any]]:
     return batch_to_columns(batch)[0]
 
 
+#: What a function must return, in the words of :class:`OutputRecords`' errors.
+RETURNS_RECORD = "must return a dict (a record)"
+RETURNS_RECORDS = "must return an iterable of dicts (records) or None"
+YIELDS_RECORDS = "must yield dicts (records), or return an iterable of them or None"
+
+#: error messages show at most this many characters of a record
+SAMPLE_CHARS = 200
+
+
+def sample(value: Any) -> str:
+    """A short repr of ``value`` for an error message."""
+    text = repr(value)
+    return text if len(text) <= SAMPLE_CHARS else text[: SAMPLE_CHARS - 3] + "..."
+
+
+def _type_name(value: Any) -> str:
+    return "None" if value is None else type(value).__name__
+
+
+class OutputRecords:
+    """Builds the output batches of one per-record operator and keeps its output's schema.
+
+    ``what`` names the operator in errors (``"map 'Double'"``); ``returns`` says what its
+    function must give (:data:`RETURNS_RECORD` when each call gives one record, else the
+    records are the items of what each call returned); ``schema`` is a declared output
+    type, None to take the first batch's.
+    """
+
+    def __init__(
+        self, what: str, schema: pa.Schema | None = None, returns: str = RETURNS_RECORD
+    ) -> None:
+        self.what = what
+        self.returns = returns
+        self.declared = schema is not None
+        #: the schema every batch this operator emits has (None until the first one)
+        self.schema: pa.Schema | None = schema
+        self._names: tuple[Any, ...] = ()
+        self._getters: list[Callable[[Any], Any]] = []
+        self._types: list[pa.DataType | None] = []
+
+    # --- batches --------------------------------------------------------------------------
+
+    def build(self, rows: list[Any]) -> list[pa.RecordBatch]:
+        """The records ``rows`` as batches of the output's schema (none for no rows)."""
+        if not rows:
+            return []
+        try:
+            batch = self._same_keys(rows)
+        except Exception:  # noqa: BLE001 - not all records with the first one's keys
+            batch = None
+        if batch is None:
+            batch = self._unified(rows)
+        schema = self.schema
+        if schema is None:
+            self.schema = batch.schema
+            self._names = ()  # convert to its types from now on
+            return [batch]
+        if batch.schema.equals(schema):
+            return [batch]
+        return [self._conform(batch, rows)]
+
+    def _same_keys(self, rows: list[Any]) -> pa.RecordBatch | None:
+        """The batch when every record has exactly the first record's keys, else None
+        (or an error, which sends the records the slow way too)."""
+        names = tuple(rows[0])
+        if names != self._names:
+            self._getters = [itemgetter(name) for name in names]
+            self._types = self._direct_types(names)
+            self._names = names
+        columns = [list(map(getter, rows)) for getter in self._getters]  # KeyError: missing
+        if sum(map(len, rows)) != len(names) * len(rows):  # a record has another key
+            return None
+        return pa.RecordBatch.from_arrays(
+            [
+                pa.array(c) if t is None else pa.array(c, type=t)
+                for c, t in zip(columns, self._types)
+            ],
+            names=list(names),
+        )
+
+    def _direct_types(self, names: tuple[Any, ...]) -> list[pa.DataType | None]:
+        """Per key, the output schema's type when values convert to it directly (faster
+        than inferring it, and a value that does not fit raises), else None."""
+        schema = self.schema
+        types: list[pa.DataType | None] = []
+        for name in names:
+            index = schema.get_field_index(name) if schema is not None else -1
+            t = schema.field(index).type if index >= 0 else None
+            types.append(t if t is not None and _converts_directly(t) else None)
+        return types
+
+    def _unified(self, rows: list[Any]) -> pa.RecordBatch:
+        """Every key of every record as a column (in order of first appearance), None
+        where a record lacks it; errors name what is not a record."""
+        names: dict[str, None] = {}
+        for row in rows:
+            if not isinstance(row, Mapping):
+                raise RecordError(self.not_a_record(row))
+            for key in row:
+                if key not in names:
+                    if not isinstance(key, str):
+                        raise RecordError(
+                            f"{self.what}: a record's keys are its column names and must be "
+                            f"str; got key {key!r} ({type(key).__name__}) in {sample(row)}"
+                        )
+                    names[key] = None
+        arrays = []
+        for name in names:
+            column = [row.get(name) for row in rows]
+            try:
+                arrays.append(pa.array(column))
+            except (pa.ArrowException, OverflowError, TypeError, ValueError) as exc:
+                raise self._unconvertible(name, rows, exc) from None
+        return pa.RecordBatch.from_arrays(arrays, names=list(names))
+
+    def _conform(self, batch: pa.RecordBatch, rows: list[Any]) -> pa.RecordBatch:
+        """``batch`` in the output's schema: missing keys as nulls, values cast safely."""
+        schema = self.schema
+        assert schema is not None
+        known = set(schema.names)
+        for name in batch.schema.names:
+            if name not in known:
+                raise self._new_key(name, rows)
+        columns = []
+        for field in schema:
+            index = batch.schema.get_field_index(field.name)
+            if index < 0:
+                columns.append(pa.nulls(batch.num_rows, field.type))
+                continue
+            column = batch.column(index)
+            if column.type != field.type:
+                if not _widens(column.type, field.type):
+                    raise self._type_change(field, column.type, rows)
+                try:
+                    column = column.cast(field.type, safe=True)
+                except pa.ArrowException:
+                    raise self._type_change(field, column.type, rows) from None
+            columns.append(column)
+        return pa.RecordBatch.from_arrays(columns, schema=schema)
+
+    # --- what went wrong, in words --------------------------------------------------------
+
+    def not_a_record(self, value: Any) -> str:
+        """The message for ``value`` given where a record was due."""
+        if self.returns == RETURNS_RECORD:
+            text = f"{self.what} {self.returns}, got {_type_name(value)}"
+            return text if value is None else f"{text}: {sample(value)}"
+        text = f"{self.what} {self.returns}; got an item of type {_type_name(value)}"
+        if value is not None:
+            text += f": {sample(value)}"
+        if isinstance(value, str):
+            text += " (if it returned a dict, its keys became the items: return [record])"
+        return text
+
+    def not_iterable(self, value: Any) -> str:
+        """The message for a call that returned ``value`` where an iterable was due."""
+        text = f"{self.what} {self.returns}, got {_type_name(value)}"
+        return text if value is None else f"{text}: {sample(value)}"
+
+    def _remedy(self, name: str) -> str:
+        if self.declared:
+            return "add it to the output_type, or return only the keys the output_type has"
+        return (
+            "return every key from the first record on (None where there is no value), "
+            f"or declare the output's schema: output_type=pa.schema([({name!r}, <type>), ...])"
+        )
+
+    def _before(self) -> str:
+        return "its declared output_type" if self.declared else "the records it emitted before"
+
+    def _new_key(self, name: str, rows: list[Any]) -> SchemaChangeError:
+        record = next((r for r in rows if name in r), rows[0])
+        assert self.schema is not None
+        return SchemaChangeError(
+            f"{self.what} returned a record with key {name!r}, which {self._before()} did "
+            f"not have (keys: {', '.join(self.schema.names)}): {sample(record)}. An "
+            f"operator's output keeps one schema: {self._remedy(name)}"
+        )
+
+    def _type_change(self, field: pa.Field, got: pa.DataType, rows: list[Any]) -> SchemaChangeError:
+        name = field.name
+        record = next((r for r in rows if r.get(name) is not None), rows[0])
+        if not self.declared and _holds_null_type(field.type):
+            return SchemaChangeError(
+                f"{self.what}: key {name!r} held only None in the records it emitted before "
+                f"(Arrow type {field.type}: its type was not known), and now holds {got}: "
+                f"{sample(record)}. Declare the output's schema so that the type is known "
+                f"from the first record: output_type=pa.schema([({name!r}, <type>), ...])"
+            )
+        return SchemaChangeError(
+            f"{self.what}: key {name!r} is {field.type} in {self._before()}, but a record "
+            f"holds {got}: {sample(record)}. A key keeps one type in an operator's output: "
+            "convert the value in the function, or declare the wider type with output_type"
+        )
+
+    def _unconvertible(self, name: str, rows: list[Any], exc: BaseException) -> SchemaChangeError:
+        first: dict[type, Any] = {}
+        for row in rows:
+            value = row.get(name)
+            if value is not None and type(value) not in first:
+                first[type(value)] = row
+                if len(first) == 2:
+                    break
+        if len(first) == 2:
+            (a, row_a), (b, row_b) = first.items()
+            return SchemaChangeError(
+                f"{self.what}: key {name!r} holds values of different types ({a.__name__} and "
+                f"{b.__name__}) among the records of one batch, e.g. {sample(row_a)} and "
+                f"{sample(row_b)}; a key keeps one type in an operator's output ({exc})"
+            )
+        record = next(iter(first.values()), rows[0])
+        return SchemaChangeError(
+            f"{self.what}: the values of key {name!r} cannot be made an Arrow column "
+            f"({type(exc).__name__}: {exc}), e.g. {sample(record)}"
+        )
+
+
+def _holds_null_type(t: pa.DataType) -> bool:
+    """True when ``t`` is, or nests, Arrow's null type (a key seen only as None or [])."""
+    if pa.types.is_null(t):
+        return True
+    if pa.types.is_struct(t):
+        return any(_holds_null_type(t.field(i).type) for i in range(t.num_fields))
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        return _holds_null_type(t.value_type)
+    if pa.types.is_map(t):
+        return _holds_null_type(t.key_type) or _holds_null_type(t.item_type)
+    return False
+
+
+#: Types whose values convert from Python objects strictly enough to skip inference:
+#: an int column is not among them (Arrow converts a float into an int64 column by
+#: dropping its fraction), nor float32 (it rounds doubles).
+_DIRECT = (pa.float64(), pa.bool_(), pa.string(), pa.large_string())
+
+
+def _converts_directly(t: pa.DataType) -> bool:
+    return t in _DIRECT
+
+
+def _is_list(t: pa.DataType) -> bool:
+    return pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
+
+
+def _widens(source: pa.DataType, target: pa.DataType) -> bool:
+    """True when values of ``source`` may be cast to ``target`` (a safe cast then checks
+    each value): from null to anything, between integers, from integers to floats,
+    between floats, between decimals, between string types, and so within lists, maps and
+    structs, whose fields holding values must all be in ``target`` (Arrow's cast would drop
+    them)."""
+    if source == target or pa.types.is_null(source):
+        return True
+    if pa.types.is_integer(source):
+        return pa.types.is_integer(target) or pa.types.is_floating(target)
+    if pa.types.is_floating(source):
+        return pa.types.is_floating(target)
+    if pa.types.is_decimal(source):  # inferred per batch with the digits it needs
+        return pa.types.is_decimal(target)
+    strings = (pa.types.is_string, pa.types.is_large_string)
+    if any(f(source) for f in strings):
+        return any(f(target) for f in strings)
+    if pa.types.is_struct(source) and pa.types.is_struct(target):
+        fields = {target.field(i).name: target.field(i).type for i in range(target.num_fields)}
+        for i in range(source.num_fields):
+            field = source.field(i)
+            if field.name in fields:
+                if not _widens(field.type, fields[field.name]):
+                    return False
+            elif not pa.types.is_null(field.type):
+                return False
+        return True
+    if _is_list(source) and _is_list(target):
+        return _widens(source.value_type, target.value_type)
+    if pa.types.is_map(source) and pa.types.is_map(target):
+        return _widens(source.key_type, target.key_type) and _widens(
+            source.item_type, target.item_type
+        )
+    return False
+
+
 def rows_to_batch(rows: list[dict[str, Any]]) -> pa.RecordBatch:
-    """``pa.RecordBatch.from_pylist(rows)``: Arrow's own builder already goes column by
-    column; measured, a Python column-wise builder is no faster."""
-    return pa.RecordBatch.from_pylist(rows)
+    """The records ``rows`` as one batch: ``pa.RecordBatch.from_pylist(rows)`` when they all
+    have the same keys, else with every key of every record as a column (None where a
+    record lacks it), where ``from_pylist`` would take the first record's keys only."""
+    return OutputRecords("rows_to_batch").build(rows)[0]
 
 
 def rows_to_batches(rows: list[dict[str, Any]]) -> list[pa.RecordBatch]:
     """``[rows_to_batch(rows)]``, or no batch at all for no rows."""
-    return [pa.RecordBatch.from_pylist(rows)] if rows else []
+    return OutputRecords("rows_to_batches").build(rows)

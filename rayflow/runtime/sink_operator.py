@@ -284,10 +284,13 @@ class TwoPhaseCommitSinkOperator(Operator):
         Runs in a thread that may outlive its attempt; the fence stops it before any
         side effect once the next attempt has started. A committable that answers
         RETRY_LATER stays due for the mailbox to try again (and is kept from the
-        lingering abort)."""
+        lingering abort).
+
+        A committable leaves ``restored`` only once it is committed or due (it is put in
+        ``due`` first): a cancel's ``on_cancel`` may run while this thread still does
+        (only ``run()`` is cancelled), and it must find every committable of the
+        restored checkpoint not yet committed, whenever this thread stops."""
         keep = list(self.restored)
-        self.restored = []
-        later: list[_Due] = []
         for committable in keep:
             outcome = self._try_commit(committable)
             if outcome.done:
@@ -295,8 +298,8 @@ class TwoPhaseCommitSinkOperator(Operator):
             elif outcome.status is CommitStatus.FAILED:
                 raise self._failure(committable, outcome)
             else:
-                later.append(self._note_retry(_Due(committable), outcome, time.monotonic()))
-        self.due = later + self.due
+                self.due.append(self._note_retry(_Due(committable), outcome, time.monotonic()))
+            self._forget_restored(committable)
         aborted = 0
         if self.hooks is not None:
             self.hooks.at(HookPoint.DURING_RECOVER)
@@ -315,6 +318,12 @@ class TwoPhaseCommitSinkOperator(Operator):
             )
         if self.due:
             self._arm_timer()
+
+    def _forget_restored(self, committable: Any) -> None:
+        for position, held in enumerate(self.restored):
+            if held is committable:
+                del self.restored[position]
+                return
 
     # --- committing ---------------------------------------------------------------------
 
@@ -457,10 +466,13 @@ class TwoPhaseCommitSinkOperator(Operator):
         is committed by then). Runs in a clean-up thread, never on the mailbox: a
         RETRY_LATER commit is retried here, bounded."""
         try:
-            for committable in self.restored:  # of a completed checkpoint; not yet recovered
+            # Of a completed checkpoint, not yet committed by ``recover`` (whose thread may
+            # still run: a repeated commit is recognised). ``restored`` is read before
+            # ``due``: a committable ``recover`` moves between them is in one or both.
+            for committable in list(self.restored):
                 self._commit_in_clean_up(committable)
             self.restored = []
-            for entry in self.due:
+            for entry in list(self.due):
                 self._commit_in_clean_up(entry.committable)
             self.due = []
             for cid in sorted(self.pending):

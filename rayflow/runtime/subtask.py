@@ -308,7 +308,9 @@ class SubtaskActor:
             )
             for o in deployment.outputs
         ]
-        #: when the armed buffer timeout fires (wall time), None when none is armed
+        #: the armed buffer timer, the only one (a sooner one cancels it), and when it
+        #: fires by the wall clock; None when none is armed or its flush was served
+        self._buffer_timer: asyncio.TimerHandle | None = None
         self._buffer_deadline: float | None = None
         #: the origin (see ``Bundle``) of the data being processed; 0.0: now
         self._origin = 0.0
@@ -486,6 +488,7 @@ class SubtaskActor:
             self._drop_unaligned(checkpoint_id)
 
     async def _become(self, deployment: SubtaskDeployment) -> bool:
+        self._cancel_buffer_timer()  # the next attempt arms its own
         await self.gate.close()
         await self._cancel_async_parts()
         self.__init__(deployment)
@@ -809,7 +812,7 @@ class SubtaskActor:
                 self.barriers.on_announcement(item.channel, item.barrier, item.position)
             )
         elif isinstance(item, _BufferTimeout):
-            self._buffer_deadline = None
+            self._cancel_buffer_timer()
             for writer in self.writers:
                 await writer.send_buffered()
         elif isinstance(item, _AlignmentTimer):
@@ -973,15 +976,28 @@ class SubtaskActor:
         now = time.time()
         timeout = self.d.buffer_timeout_s
         deadline = min(max(origin + timeout, now), now + timeout)
-        if self._buffer_deadline is not None and self._buffer_deadline <= deadline:
+        loop = asyncio.get_running_loop()
+        # Compared on the loop's clock, which a wall clock set back or forth leaves alone.
+        when = loop.time() + (deadline - now)
+        if self._buffer_timer is not None and self._buffer_timer.when() <= when:
             return
+        # Superseded: left armed, it would send a buffer started after this one is served
+        # before that buffer's own deadline.
+        self._cancel_buffer_timer()
         self._buffer_deadline = deadline
         gate = self.gate
 
         def fire() -> None:
             asyncio.ensure_future(gate.put_control(_BufferTimeout()))
 
-        asyncio.get_running_loop().call_later(deadline - now, fire)
+        self._buffer_timer = loop.call_at(when, fire)
+
+    def _cancel_buffer_timer(self) -> None:
+        """No buffer timer armed any more (one that already fired has posted its flush)."""
+        if self._buffer_timer is not None:
+            self._buffer_timer.cancel()
+            self._buffer_timer = None
+        self._buffer_deadline = None
 
     def _schedule_alignment_timer(self, checkpoint_id: int, delay_s: float) -> None:
         gate = self.gate

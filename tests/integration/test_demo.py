@@ -80,7 +80,6 @@ def test_demo_shows_what_each_guarantee_allows(sink, failures, capsys):
 
 
 def test_demo_into_postgres_keeps_the_password_out_of_its_output(postgres, capsys):
-    pytest.importorskip("sinks.postgres")
     db = postgres.create_database()
     try:
         code = cli_main(

@@ -172,6 +172,35 @@ def test_max_prepared_transactions_zero_is_named_when_the_job_starts(db):
         sink._check_prepared_transactions(NoPrepared(), "out")
 
 
+def test_identifiers_are_quoted(postgres_db):
+    schema, name = 'odd "schema"', "Totals; DROP TABLE t --"
+    with postgres_db.connect() as conn:
+        conn.execute('CREATE SCHEMA "odd ""schema"""')
+        conn.execute(
+            'CREATE TABLE "odd ""schema"""."Totals; DROP TABLE t --" '
+            '("the key" bigint PRIMARY KEY, "v\'s" bigint)'
+        )
+    columns = ["the key", "v's"]
+    batch = pa.record_batch({"the key": pa.array([1, 2]), "v's": pa.array([3, 4])})
+    eo = PostgresSink(postgres_db.dsn, (schema, name), columns=columns, delivery_guarantee=EO)
+    eo.setup("job")
+    op = operator(eo)
+    op.process(batch)
+    op.snapshot_state(1)
+    op.notify_checkpoint_complete(1)
+    op.close()
+    upsert = PostgresUpsertSink(postgres_db.dsn, (schema, name), ["the key"], columns=columns)
+    upsert.setup("job")
+    op = operator(upsert)
+    op.process(pa.record_batch({"the key": pa.array([2]), "v's": pa.array([5])}))
+    op.end_input()
+    with postgres_db.connect() as conn:
+        got = conn.execute(
+            'SELECT * FROM "odd ""schema"""."Totals; DROP TABLE t --" ORDER BY 1'
+        ).fetchall()
+    assert got == [(1, 3), (2, 5)]
+
+
 # --- bad input ---------------------------------------------------------------------------
 
 

@@ -323,3 +323,42 @@ def test_stage_times_leave_out_markers_that_did_not_arrive(trace):
     assert "markers traced end to end: 1" in report
     assert "markers above the target (5 ms): 1 of 1" in report
     assert trace.report([], 5.0, None) == "no complete marker trace"
+
+
+def test_the_traced_channel_write_passes_the_origin_on(trace, monkeypatch, tmp_path):
+    """``install_tracing`` wraps ``OutputChannel.write``; a subtask writes
+    ``write(item, origin)``: the wrapper must take the origin and pass it on (a wrapper of
+    ``write(item)`` alone fails every traced subtask's first write)."""
+    import asyncio
+    import atexit
+    import gc
+
+    from rayflow.runtime import channels, latency
+    from rayflow.runtime.events import Bundle, LatencyMarker
+    from tests.unit.test_debloat import FakeReceiver
+
+    wrapped = [
+        (channels.OutputChannel, ("write", "_push", "send")),
+        (channels.InputGate, ("push", "next")),
+        (latency.LatencyTracker, ("summary",)),
+    ]
+    for cls, names in wrapped:  # put back once the test ends
+        for name in names:
+            monkeypatch.setattr(cls, name, getattr(cls, name))
+    monkeypatch.setattr(atexit, "register", lambda fn: fn)
+    monkeypatch.setenv(trace.TRACE_DIR_ENV, str(tmp_path))
+    callbacks = list(gc.callbacks)
+    try:
+        trace.install_tracing()
+
+        async def go():
+            gate = channels.InputGate(1, 8)
+            sender = channels.OutputChannel(FakeReceiver(gate), 0, 0, 8, False, 1 << 20)
+            await sender.write(LatencyMarker(1.0, "src", 0), 5.0)
+            await sender.flush()
+            return (await gate.next())[1]
+
+        message = asyncio.new_event_loop().run_until_complete(go())
+    finally:
+        gc.callbacks[:] = callbacks
+    assert isinstance(message, Bundle) and message.origin == 5.0

@@ -134,19 +134,6 @@ def test_postgres_needs_a_dsn(capsys):
     assert "--sink postgres needs --dsn" in capsys.readouterr().err
 
 
-def test_postgres_without_the_postgres_sink_says_what_is_missing(capsys):
-    try:
-        import sinks.postgres  # noqa: F401
-    except ImportError:
-        pass
-    else:
-        pytest.skip("sinks.postgres exists")
-    dsn = "postgresql://demo:s3cret-pw@127.0.0.1:1/db"
-    assert demo.run(args_for(None, sink=SinkKind.POSTGRES, dsn=dsn)) == 2
-    err = capsys.readouterr().err
-    assert "needs sinks.postgres" in err and "s3cret-pw" not in err
-
-
 def test_a_dsn_is_described_without_user_or_password():
     pytest.importorskip("psycopg")
     text = _safe_dsn("postgresql://demo:s3cret-pw@db.example:5433/orders")

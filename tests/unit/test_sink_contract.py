@@ -479,3 +479,22 @@ def test_cancel_clean_up_runs_after_the_fence_is_revoked():
     fence.revoke()  # the job is cancelled: its subtasks clean up as its last word
     op.on_cancel(latest_completed=1)
     assert COMMITTED == ["s0-t0-c1"] and swept == [0]
+
+
+def test_direct_use_keeps_its_writers_in_a_slot_that_never_travels(tmp_path):
+    import gc
+    import weakref
+
+    from rayflow import process_local
+
+    sink = FileSink(tmp_path)
+    txn = sink.begin_transaction(SinkContext("job", "out", 0, 1, 0), 0)
+    sink.write(txn, rows())
+    clone = pickle.loads(pickle.dumps(sink))
+    assert process_local.local(clone, "direct-use") is None
+    assert copy.deepcopy(sink).__dict__ == clone.__dict__
+    sink.abort_transaction(txn)
+    gone = weakref.ref(sink)
+    del sink, txn
+    gc.collect()
+    assert gone() is None  # nothing outside the sink keeps it (or its writers) alive

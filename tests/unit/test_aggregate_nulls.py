@@ -1,0 +1,95 @@
+"""Built-in aggregations over nulls and over fields of the wrong type: Flink SQL's null
+semantics (nulls skipped, the aggregate of only nulls is null), a count of skipped nulls
+in the operator's metrics, and the field's type checked on the first batch."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+
+from rayflow.plan.partitioners import KeySelector
+from rayflow.runtime.operators import KeyedAggregateOperator, OperatorContext
+
+
+def aggregate(kind: str, field: str | None = "v", key: object = "k") -> KeyedAggregateOperator:
+    op = KeyedAggregateOperator(KeySelector(key), kind, field)
+    op.open(OperatorContext("job", "Agg", "uid", 0, 1, 128, 0))
+    return op
+
+
+def rows(op: KeyedAggregateOperator, batch: pa.RecordBatch) -> dict:
+    (out,) = op.process(batch)
+    return dict(zip(out.column(0).to_pylist(), out.column(1).to_pylist()))
+
+
+@pytest.mark.parametrize("key", ["k", lambda r: r["k"]], ids=["column", "function"])
+def test_sum_skips_nulls_and_counts_them(key):
+    op = aggregate("sum", key=key)
+    assert rows(op, pa.record_batch({"k": [1, 1, 2], "v": [1, 2, 5]})) == {1: 3, 2: 5}
+    assert rows(op, pa.record_batch({"k": [1, 2, 3], "v": [None, 4, None]})) == {
+        1: 3,
+        2: 9,
+        3: None,  # only nulls so far: null, as SUM in Flink SQL
+    }
+    assert op.metrics() == {"nulls_skipped": 2}
+    assert rows(op, pa.record_batch({"k": [3], "v": [7]})) == {3: 7}
+
+
+def test_a_batch_without_the_field_after_batches_with_it_counts_as_nulls():
+    op = aggregate("sum")
+    rows(op, pa.record_batch({"k": [1], "v": [1]}))
+    assert rows(op, pa.record_batch({"k": [1, 2]})) == {1: 1, 2: None}
+    assert op.metrics() == {"nulls_skipped": 2}
+
+
+@pytest.mark.parametrize("kind,expected", [("min", {1: 2, 2: None}), ("max", {1: 5, 2: None})])
+def test_min_and_max_skip_nulls(kind, expected):
+    op = aggregate(kind)
+    rows(op, pa.record_batch({"k": [1, 1, 2], "v": [5, None, None]}))
+    assert rows(op, pa.record_batch({"k": [1, 2], "v": [2, None]})) == expected
+    assert op.metrics() == {"nulls_skipped": 3}
+
+
+def test_the_output_keeps_one_schema_when_the_first_totals_are_null():
+    op = aggregate("sum")
+    (first,) = op.process(pa.record_batch({"k": [1], "v": pa.array([None], pa.int64())}))
+    (second,) = op.process(pa.record_batch({"k": [1], "v": [3]}))
+    assert first.schema == second.schema
+    assert second.column("v").to_pylist() == [3]
+
+
+def test_count_has_no_null_metric():
+    op = aggregate("count", None)
+    assert rows(op, pa.record_batch({"k": [1, 1]})) == {1: 2}
+    assert op.metrics() == {}
+
+
+@pytest.mark.parametrize(
+    "kind,column,message",
+    [
+        ("sum", ["a", "b"], r"^sum\('v'\): field 'v' is string; sum needs a numeric field"),
+        ("sum", [True, False], r"^sum\('v'\): field 'v' is bool; sum needs a numeric field"),
+        ("min", [[1], [2]], r"^min\('v'\): field 'v' is list<item: int64>; min needs a field"),
+    ],
+)
+def test_a_field_of_the_wrong_type_fails_on_the_first_batch(kind, column, message):
+    op = aggregate(kind)
+    with pytest.raises(TypeError, match=message):
+        op.process(pa.record_batch({"k": [1, 2], "v": column}))
+
+
+def test_min_and_max_of_strings_are_ordered():
+    op = aggregate("max")
+    assert rows(op, pa.record_batch({"k": [1, 1], "v": ["a", "c"]})) == {1: "c"}
+    assert rows(op, pa.record_batch({"k": [1], "v": ["b"]})) == {1: "c"}
+
+
+def test_a_field_never_seen_is_an_error():
+    with pytest.raises(KeyError, match=r"sum\('v'\): no such column"):
+        aggregate("sum").process(pa.record_batch({"k": [1]}))
+
+
+def test_a_float_total_after_int_totals_is_not_truncated():
+    op = aggregate("sum")
+    rows(op, pa.record_batch({"k": [1], "v": [1]}))
+    assert rows(op, pa.record_batch({"k": [1], "v": [1.5]})) == {1: 2.5}
