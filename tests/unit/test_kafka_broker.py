@@ -316,7 +316,7 @@ def test_tansu_deviation_subscribe_stalls_with_default_settings(kafka_broker, ka
     )
     try:
         consumer.subscribe([kafka_topic])
-        got, deadline = [], time.monotonic() + 3.0
+        got, deadline = [], time.monotonic() + 2.0
         while time.monotonic() < deadline:
             got += [m for m in consumer.consume(10, 0.2) if m.error() is None]
         assert got == [] and consumer.assignment() == []
