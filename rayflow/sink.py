@@ -126,6 +126,10 @@ class SinkContext:
     fence: Any = field(default=None, compare=False, repr=False)
     #: the sink's operator name in the job (for messages)
     operator_name: str = ""
+    #: the subtask attempt's hooks (``rayflow.runtime.hooks.SubtaskHooks``), None outside
+    #: a job: a committer calls ``hooks.at(HookPoint.SINK_INSIDE_COMMIT)`` where dying
+    #: leaves its commit half done, so fault injection can kill it there
+    hooks: Any = field(default=None, compare=False, repr=False)
 
     def run_tag(self) -> str:
         """A short, time-sorted name part for the run (empty when there is no run id)."""

@@ -86,11 +86,22 @@ class SourceReader(abc.ABC):
 
     @abc.abstractmethod
     def read_batch(self) -> pa.RecordBatch | None:
-        """The next batch, or ``None`` once every assigned split is exhausted."""
+        """The next batch, or ``None`` once every assigned split is exhausted. An empty
+        batch (no rows) means nothing to read now (an unbounded source waiting for
+        input): the subtask serves checkpoints and timers for a moment, then asks again."""
 
     @abc.abstractmethod
     def snapshot_splits(self) -> list[SourceSplit]:
         """The assigned splits with their current positions (copies)."""
+
+    def snapshot_state(self, checkpoint_id: int) -> list[SourceSplit]:
+        """What checkpoint ``checkpoint_id`` stores: :meth:`snapshot_splits` unless a
+        reader also wants to know which checkpoint took them."""
+        return self.snapshot_splits()
+
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:  # noqa: B027
+        """Checkpoint ``checkpoint_id`` (and every one before it) completed. Best effort:
+        may come late, or not at all."""
 
     def close(self) -> None:  # noqa: B027
         """Release files or connections."""

@@ -10,6 +10,7 @@ handles).
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from rayflow.checkpoint.coordinator import CompletedCheckpoint
@@ -32,6 +33,11 @@ class Deployer:
         self.graph = graph
         self.settings = settings
         self.storage = storage
+        #: per source vertex, the splits it was cut into when this job master first
+        #: deployed it without a checkpoint to restore: cut once, so every subtask (and
+        #: every attempt until a checkpoint holds positions) starts from the same ones
+        #: (a source that resolves "latest" offsets resolves them once)
+        self._fresh_splits: dict[int, list[Any]] = {}
 
     def outputs(
         self, vertex: VertexSpec, index: int, actors: dict[SubtaskKey, Any]
@@ -60,6 +66,12 @@ class Deployer:
             )
         return outputs
 
+    def fresh_splits(self, vertex: VertexSpec) -> list[Any]:
+        """``vertex``'s source cut into splits, once per deployer."""
+        if vertex.vertex_id not in self._fresh_splits:
+            self._fresh_splits[vertex.vertex_id] = vertex.source.create_splits(vertex.parallelism)
+        return [copy.copy(s) for s in self._fresh_splits[vertex.vertex_id]]
+
     def deployment(
         self,
         vertex: VertexSpec,
@@ -71,7 +83,11 @@ class Deployer:
     ) -> SubtaskDeployment:
         settings, hooks = self.settings, self.settings.hooks
         meta = restore.metadata if restore else None
-        splits = assign_source_splits(vertex, meta) if vertex.is_source else None
+        splits = (
+            assign_source_splits(vertex, meta, lambda: self.fresh_splits(vertex))
+            if vertex.is_source
+            else None
+        )
         return SubtaskDeployment(
             job_name=settings.job_name,
             vertex=vertex,

@@ -28,6 +28,9 @@ class HookPoint(str, enum.Enum):
     SINK_AFTER_PRE_COMMIT = "sink-after-pre-commit"
     SINK_DURING_COMMIT = "sink-during-commit"
     SINK_DURING_ABORT = "sink-during-abort"
+    # inside a sink's commit, between its first effect on the outside world and its last
+    # (reached only by sinks whose commit has several steps, through SinkContext.hooks)
+    SINK_INSIDE_COMMIT = "sink-inside-commit"
     # in the job master
     BEFORE_NOTIFY = "before-notify"  # a subtask dies after the commit point
     JOB_MASTER_BEFORE_NOTIFY = "job-master-before-notify"  # the job master dies there

@@ -8,6 +8,7 @@ operators (keyed state is then filtered by key group, operator state by old inde
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,13 +28,21 @@ class StateHandle:
     ref: Any = None  # ObjectRef owned by the job master, while it lives
 
 
-def assign_source_splits(vertex: VertexSpec, restore: CheckpointMetadata | None) -> list[list[Any]]:
+def assign_source_splits(
+    vertex: VertexSpec,
+    restore: CheckpointMetadata | None,
+    fresh: Callable[[], list[Any]] | None = None,
+) -> list[list[Any]]:
     """Per subtask of a source vertex, the splits it reads: those saved in ``restore``
-    (at their saved positions), else fresh ones from the source."""
+    (at their saved positions), else fresh ones: ``fresh()`` when given (the deployer
+    cuts a source's splits once per job master, so every subtask and every attempt
+    before the first checkpoint gets the same ones), else the source's."""
     per_subtask: list[list[Any]] = [[] for _ in range(vertex.parallelism)]
     saved = restore.source_splits.get(vertex.source_uid) if restore else None
     if saved is not None:
         splits = sorted(saved, key=lambda s: s.split_id)
+    elif fresh is not None:
+        splits = fresh()
     else:
         splits = vertex.source.create_splits(vertex.parallelism)
     for i, split in enumerate(splits):

@@ -159,6 +159,7 @@ class TwoPhaseCommitSinkOperator(Operator):
             delivery_guarantee=self.mode,
             fence=context.fence,
             operator_name=context.operator_name,
+            hooks=context.hooks,
         )
         policy = self.sink.rolling_policy
         self.max_size = policy.max_part_size

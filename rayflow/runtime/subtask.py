@@ -79,6 +79,10 @@ from rayflow.runtime.restore import StateHandle
 #: Concurrency group of control calls: never queued behind data pushes that wait for
 #: buffer space (at high fan-in those could take every slot while a barrier is aligned).
 CONTROL_GROUP = "control"
+#: How long an idle source (its reader had nothing to read) waits before it asks again:
+#: doubling from the first to the second while it stays idle; control messages end a wait.
+SOURCE_IDLE_MIN_S = 0.001
+SOURCE_IDLE_MAX_S = 0.02
 
 
 @dataclass
@@ -705,6 +709,7 @@ class SubtaskActor:
         next_marker = started
         emitted = 0
         exhausted = False
+        idle_s = 0.0
         checkpointing = self.d.checkpointing is not None
         try:
             while not self._finished:
@@ -735,6 +740,13 @@ class SubtaskActor:
                     else:
                         self.d.master.source_exhausted.remote(self.attempt, self.key)
                     continue
+                if batch.num_rows == 0:
+                    # Nothing to read now (an unbounded source is idle): serve control
+                    # messages for a moment, waiting longer while it stays idle.
+                    idle_s = min(max(idle_s * 2, SOURCE_IDLE_MIN_S), SOURCE_IDLE_MAX_S)
+                    await self.gate.wait_control(idle_s)
+                    continue
+                idle_s = 0.0
                 emitted += batch.num_rows
                 self._count_in(batch)
                 await self._process(batch)
@@ -838,6 +850,8 @@ class SubtaskActor:
             for spec, op in zip(self.d.vertex.operators, self.operators):
                 self._current_operator = spec.name
                 op.notify_checkpoint_complete(item.checkpoint_id)
+            if self._source_reader is not None:
+                self._source_reader.notify_checkpoint_complete(item.checkpoint_id)
             if self._final_checkpoint is not None and item.checkpoint_id >= self._final_checkpoint:
                 self._final_completed = True
             self._maybe_finish()
@@ -905,7 +919,7 @@ class SubtaskActor:
         for spec, op in zip(self.d.vertex.operators, self.operators):
             self._current_operator = spec.name
             snapshot[spec.uid] = op.snapshot_state(cid)
-        splits = self._source_reader.snapshot_splits() if self._source_reader else None
+        splits = self._source_reader.snapshot_state(cid) if self._source_reader else None
         blob = pickle.dumps(snapshot, protocol=pickle.HIGHEST_PROTOCOL)
         sync_s = time.time() - started
         if barrier.final:

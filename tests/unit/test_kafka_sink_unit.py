@@ -1,0 +1,291 @@
+"""KafkaSink driven directly (no Ray) against the test broker: each failure schedule of the
+exactly-once protocol (rayflow/connectors/kafka/sink.py), one test each, then
+AT_LEAST_ONCE's flush at the barrier, the committable format, and secrets.
+
+A "crash" here abandons a committer mid-commit without any clean-up (an exception no
+code path catches), leaving its producer and its open transaction as a killed process
+would; a "restarted subtask" is a new sink object, whose committer starts from nothing.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import pyarrow as pa
+import pytest
+
+ck = pytest.importorskip("confluent_kafka")
+
+from rayflow import DeliveryGuarantee  # noqa: E402
+from rayflow.connectors.kafka import (  # noqa: E402
+    RECOVERY_HEADER,
+    KafkaConnectorError,
+    KafkaSink,
+)
+from rayflow.connectors.kafka.sink import KafkaCommittableSerializer  # noqa: E402
+from rayflow.runtime.hooks import HookPoint  # noqa: E402
+from rayflow.sink import CommitStatus, SinkContext, UnknownCommittableVersionError  # noqa: E402
+
+SECRET = "pw-hunter2-not-shown"
+
+
+class Crash(BaseException):
+    """Not an Exception: nothing in the sink catches it (like SIGKILL, no clean-up)."""
+
+
+class _Hooks:
+    def __init__(self, crash_at: int = 1) -> None:
+        self.crash_at, self.seen = crash_at, 0
+
+    def at(self, point: HookPoint) -> None:
+        if point is HookPoint.SINK_INSIDE_COMMIT:
+            self.seen += 1
+            if self.seen == self.crash_at:
+                raise Crash("killed inside the commit, after its records were sent")
+
+    def after_records(self, records: int) -> None:
+        pass
+
+
+def _sink(broker, topic, guarantee=DeliveryGuarantee.EXACTLY_ONCE, **props):
+    return (
+        KafkaSink.builder()
+        .set_bootstrap_servers(broker.bootstrap_servers)
+        .set_topic(topic)
+        .set_key_column("k")
+        .set_value_column("v")
+        .set_delivery_guarantee(guarantee)
+        .set_properties(props)
+        .build()
+    )
+
+
+def _context(job="job", run="run-1", subtask=0, hooks=None, guarantee=None):
+    return SinkContext(
+        job, "uid", subtask, 2, 0, run_id=run, delivery_guarantee=guarantee, hooks=hooks
+    )
+
+
+def _committable(sink, context, sequence, values, checkpoint=1):
+    txn = sink.begin_transaction(context, sequence)
+    sink.write(
+        txn,
+        pa.RecordBatch.from_pydict(
+            {"k": [f"k{v % 3}" for v in values], "v": [str(v) for v in values]}
+        ),
+    )
+    return sink.pre_commit(txn, checkpoint)
+
+
+def _values(broker, topic):
+    return sorted(int(m.value()) for m in broker.read(topic))
+
+
+def _committer(sink, context):
+    return sink.create_committer(context)
+
+
+def test_commit_makes_records_visible_with_recovery_headers(kafka_broker, kafka_topic):
+    sink = _sink(kafka_broker, kafka_topic)
+    c = _committable(sink, _context(), 0, range(5))
+    assert kafka_broker.read(kafka_topic) == []  # nothing is sent before the commit
+    assert _committer(sink, _context()).commit(c).status is CommitStatus.COMMITTED
+    messages = kafka_broker.read(kafka_topic)
+    assert sorted(int(m.value()) for m in messages) == list(range(5))
+    assert {m.key() for m in messages} == {b"k0", b"k1", b"k2"}
+    tags = sorted(dict(m.headers())[RECOVERY_HEADER].decode() for m in messages)
+    assert [t.rsplit(":", 2)[1:] for t in tags] == [["0", str(i)] for i in range(5)]
+
+
+def test_schedule_commit_repeated_after_it_succeeded(kafka_broker, kafka_topic):
+    """Dies right after commit_transaction returned (the runtime never learned): the
+    restored subtask commits the same committable again."""
+    sink = _sink(kafka_broker, kafka_topic)
+    c = _committable(sink, _context(), 0, range(10))
+    assert _committer(sink, _context()).commit(c).done
+    again = _committer(_sink(kafka_broker, kafka_topic), _context(run="run-1"))
+    outcome = again.commit(c)
+    assert outcome.status is CommitStatus.ALREADY_COMMITTED
+    assert _values(kafka_broker, kafka_topic) == list(range(10))
+
+
+def test_schedule_killed_inside_commit_after_records_were_sent(kafka_broker, kafka_topic):
+    """Dies after its records reached the broker, before commit_transaction: Kafka would
+    abort that transaction when the id is initialised again; Tansu exposes it. Either
+    way the restored committer produces exactly what is not visible yet."""
+    crashing = _sink(kafka_broker, kafka_topic)
+    context = _context(hooks=_Hooks(crash_at=1))
+    c = _committable(crashing, context, 0, range(20))
+    committer = _committer(crashing, context)
+    with pytest.raises(Crash):
+        committer.commit(c)
+    # the open transaction holds its partitions back
+    with pytest.raises(TimeoutError):
+        kafka_broker.read(kafka_topic, timeout_s=1.0)
+    restored = _committer(_sink(kafka_broker, kafka_topic), _context())
+    assert restored.commit(c).done
+    assert _values(kafka_broker, kafka_topic) == list(range(20))
+    # Tansu exposed all 20 when the id was initialised again (Apache Kafka: 0, aborted)
+    assert restored.found_visible == 20
+    # the abandoned producer (an older attempt still alive) is fenced: it cannot commit
+    zombie = committer._writers[c.transactional_id].producer
+    with pytest.raises(ck.KafkaException):  # fenced (or no answer within 2 s)
+        zombie.commit_transaction(2)
+    assert _values(kafka_broker, kafka_topic) == list(range(20))
+    assert restored.commit(c).status is CommitStatus.ALREADY_COMMITTED
+
+
+def test_schedule_killed_after_part_of_the_records_were_sent(kafka_broker, kafka_topic):
+    """Dies with only some records sent (the client sends batches as they fill): on a
+    broker that exposes the dead transaction, only the missing records are produced."""
+    sink = _sink(kafka_broker, kafka_topic)
+    context = _context()
+    c = _committable(sink, context, 0, range(12))
+    committer = _committer(sink, context)
+    committer._write_intent(c)  # what the commit does first
+    # what the dead commit had sent: records 0..4 of it, with their headers
+    dead = ck.Producer(kafka_broker.config(**{"transactional.id": c.transactional_id}))
+    dead.init_transactions(30)
+    dead.begin_transaction()
+    for index in range(5):
+        dead.produce(
+            kafka_topic,
+            value=str(index).encode(),
+            key=f"k{index % 3}".encode(),
+            headers=[(RECOVERY_HEADER, f"{c.writer_tag}:{c.sequence}:{index}".encode())],
+        )
+    dead.flush(30)
+    restored = _committer(_sink(kafka_broker, kafka_topic), _context())
+    assert restored.commit(c).done
+    assert _values(kafka_broker, kafka_topic) == list(range(12))
+    assert restored.found_visible == 5
+
+
+def test_schedule_killed_after_the_intent_before_any_record(kafka_broker, kafka_topic):
+    sink = _sink(kafka_broker, kafka_topic)
+    c = _committable(sink, _context(), 0, range(7))
+    _committer(sink, _context())._write_intent(c)
+    restored = _committer(_sink(kafka_broker, kafka_topic), _context())
+    assert restored.commit(c).done
+    assert _values(kafka_broker, kafka_topic) == list(range(7))
+
+
+def test_schedule_killed_between_two_commits_of_a_checkpoint(kafka_broker, kafka_topic):
+    """Two committables of one writer (a rolled transaction and the barrier's): dies after
+    the first committed and inside the second. The restore commits both again."""
+    sink = _sink(kafka_broker, kafka_topic)
+    context = _context(hooks=_Hooks(crash_at=2))
+    first = _committable(sink, context, 0, range(0, 5))
+    second = _committable(sink, context, 1, range(5, 9))
+    committer = _committer(sink, context)
+    assert committer.commit(first).done
+    with pytest.raises(Crash):
+        committer.commit(second)
+    restored = _committer(_sink(kafka_broker, kafka_topic), _context())
+    assert restored.commit(first).status is CommitStatus.ALREADY_COMMITTED
+    assert restored.commit(second).done
+    assert _values(kafka_broker, kafka_topic) == list(range(9))
+
+
+def test_commits_of_one_writer_stay_in_order(kafka_broker, kafka_topic, monkeypatch):
+    """A committable that must wait (RETRY_LATER) holds back the later ones of its writer:
+    committing a later one first would move the marker past it (and lose it)."""
+    sink = _sink(kafka_broker, kafka_topic)
+    first = _committable(sink, _context(), 0, range(0, 3))
+    second = _committable(sink, _context(), 1, range(3, 6))
+    committer = _committer(sink, _context())
+    real = committer._write_intent
+    calls = []
+
+    def flaky(c):
+        calls.append(c.sequence)
+        if len(calls) == 1:
+            from rayflow.connectors.kafka.sink import _Retry
+
+            raise _Retry("broker busy")
+        return real(c)
+
+    monkeypatch.setattr(committer, "_write_intent", flaky)
+    assert committer.commit(first).status is CommitStatus.RETRY_LATER
+    held = committer.commit(second)
+    assert held.status is CommitStatus.RETRY_LATER and "not committed yet" in held.reason
+    assert committer.commit(first).done and committer.commit(second).done
+    assert _values(kafka_broker, kafka_topic) == list(range(6))
+
+
+def test_runs_and_writers_have_their_own_markers(kafka_broker, kafka_topic):
+    """A new run of the job (sequences start again) and another subtask's writer are not
+    mistaken for what was committed already."""
+    sink = _sink(kafka_broker, kafka_topic)
+    a = _committable(sink, _context(run="run-a"), 0, range(0, 3))
+    b = _committable(sink, _context(run="run-b"), 0, range(3, 6))
+    other = _committable(sink, _context(run="run-a", subtask=1), 0, range(6, 9))
+    assert a.transactional_id != other.transactional_id
+    committer = _committer(sink, _context(run="run-b"))
+    assert all(committer.commit(c).done for c in (a, b, other))
+    assert {committer.commit(c).status for c in (a, b, other)} == {CommitStatus.ALREADY_COMMITTED}
+    assert _values(kafka_broker, kafka_topic) == list(range(9))
+
+
+def test_lingering_transaction_is_ended_for_the_next_writer(kafka_broker, kafka_topic):
+    """abort_lingering initialises the subtask's transactional id: an open transaction of a
+    dead producer stops holding the partitions back (Kafka aborts it; Tansu exposes it,
+    which the protocol never lets happen to records that are not also committed)."""
+    sink = _sink(kafka_broker, kafka_topic)
+    context = _context(job=f"linger-{uuid.uuid4().hex[:6]}")
+    txn_id = sink.transactional_id(context, 0)
+    dead = ck.Producer(kafka_broker.config(**{"transactional.id": txn_id}))
+    dead.init_transactions(30)
+    dead.begin_transaction()
+    dead.produce(kafka_topic, b"x", partition=0)
+    dead.flush(30)
+    assert _committer(sink, context).abort_lingering(context, []) == 0
+    kafka_broker.read(kafka_topic, timeout_s=10)  # no longer held back
+
+
+def test_at_least_once_flushes_at_the_barrier_and_fails_it_on_errors(kafka_broker, kafka_topic):
+    sink = (
+        KafkaSink.builder()
+        .set_bootstrap_servers(kafka_broker.bootstrap_servers)
+        .set_topic(kafka_topic)
+        .set_value_column("v")
+        .set_partition_column("p")
+        .set_delivery_guarantee(DeliveryGuarantee.AT_LEAST_ONCE)
+        .build()
+    )
+    context = _context(guarantee=DeliveryGuarantee.AT_LEAST_ONCE)
+    txn = sink.begin_transaction(context, 0)
+    sink.write(txn, pa.RecordBatch.from_pydict({"v": ["1", "2"], "p": [0, 1]}))
+    c = sink.pre_commit(txn, 1)  # the barrier: flushed and acknowledged
+    assert c.records is None
+    assert sorted(kafka_broker.read_values(kafka_topic)) == [b"1", b"2"]
+    assert sink.create_committer(context).commit(c).done
+    txn = sink.begin_transaction(context, 1)
+    with pytest.raises(KafkaConnectorError, match="partition 7"):  # the topic has 2
+        sink.write(txn, pa.RecordBatch.from_pydict({"v": ["3"], "p": [7]}))
+        sink.pre_commit(txn, 2)
+    sink.close()
+
+
+def test_committable_format_is_versioned():
+    serializer = KafkaCommittableSerializer()
+    from rayflow.connectors.kafka import KafkaCommittable
+
+    c = KafkaCommittable("t", 1, "txn-1", "run-x", 4, 9, b"ipc-bytes", 3)
+    version, data = serializer.encode(c)
+    assert serializer.decode(version, data) == c
+    flushed = KafkaCommittable("t", 0, "txn-0", "run-x", 5, None, None, 2)
+    assert serializer.decode(*serializer.encode(flushed)) == flushed
+    with pytest.raises(UnknownCommittableVersionError):
+        serializer.decode(version + 1, data)
+
+
+def test_secrets_never_show(kafka_broker):
+    sink = _sink(kafka_broker, "no-such-topic-here", **{"sasl.password": SECRET})
+    assert SECRET not in repr(sink) and SECRET not in repr(sink.settings)
+    with pytest.raises(KafkaConnectorError) as caught:
+        sink.setup("job")
+    assert "does not exist" in str(caught.value) or "cannot" in str(caught.value)
+    assert SECRET not in str(caught.value)
+    with pytest.raises(ValueError, match="transactional.id"):
+        _sink(kafka_broker, "t", **{"transactional.id": "mine"})
