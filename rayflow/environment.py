@@ -7,6 +7,7 @@ local Ray) and returns a :class:`JobResult`; ``execute_async`` returns a
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import threading
@@ -63,6 +64,9 @@ __all__ = ["StreamExecutionEnvironment", "JobClient", "JobResult", "CollectedRec
 #: an output buffer (1 MiB) go inline with the call instead of through the object store
 #: (measured 1.2-2.6x faster for 200 KiB-1 MiB messages; benchmarks/transport.py).
 INLINE_ARGUMENT_BYTES = 1 << 20
+
+
+log = logging.getLogger("rayflow.job")
 
 
 def local_ray_system_config() -> dict[str, Any]:
@@ -215,9 +219,11 @@ class JobClient:
         self._outcome: BaseException | None = None
         self._history: list[FailureEntry] | None = None  # kept once the run is over
         self._reporter = progress.reporter()
+        self._output_lost = False  # the driver's stdout refused a write: no more tries
         self._start_master()
-        if self._reporter is not None:
-            self._reporter.job_started(self)
+        # from here the job runs: nothing the driver shows may fail this call (it would
+        # leave the job master running without a client, and the run lock released)
+        self._report(lambda reporter: reporter.job_started(self))
 
     def _start_master(self) -> None:
         generation = settings_generation(self._settings)
@@ -427,8 +433,22 @@ class JobClient:
         """Print what the job's functions printed since the last poll; redraw the
         progress line (when on)."""
         self._write_output(self._drain_output())
-        if self._reporter is not None:
-            self._reporter.tick(self)
+        self._report(lambda reporter: reporter.tick(self))
+
+    def _report(self, show: Any) -> None:
+        """``show(reporter)``, if reporting is on. What the driver shows never changes
+        what the job does or what ``wait()`` returns: a reporter that fails (its stream
+        closed, a broken pipe) is turned off."""
+        reporter = self._reporter
+        if reporter is None:
+            return
+        try:
+            show(reporter)
+        except Exception as exc:  # noqa: BLE001 - a display, not the job
+            self._reporter = None
+            log.warning(
+                "job %r: progress display off: %s: %s", self.job_name, type(exc).__name__, exc
+            )
 
     def _drain_output(self) -> list[str]:
         try:
@@ -437,13 +457,24 @@ class JobClient:
             return []
 
     def _write_output(self, lines: list[str]) -> None:
-        if not lines:
+        """Print what the job's functions printed. A stdout that refuses the write (closed,
+        a broken pipe) loses the lines, never the job's outcome."""
+        if not lines or self._output_lost:
             return
         if self._reporter is not None:
-            self._reporter.write_output(lines)
+            self._report(lambda reporter: reporter.write_output(lines))
             return
-        sys.stdout.write("".join(line + "\n" for line in lines))
-        sys.stdout.flush()
+        try:
+            sys.stdout.write("".join(line + "\n" for line in lines))
+            sys.stdout.flush()
+        except (OSError, ValueError) as exc:  # closed, or its reader went away
+            self._output_lost = True
+            log.warning(
+                "job %r: what its functions print is no longer shown (stdout: %s: %s)",
+                self.job_name,
+                type(exc).__name__,
+                exc,
+            )
 
     def _progress_snapshot(self) -> dict[str, Any] | None:
         try:
@@ -452,9 +483,8 @@ class JobClient:
             return None
 
     def _report_end(self, detail: str = "") -> None:
-        if self._reporter is not None:
-            state = self._state.value if self._state is not None else JobState.FINISHED.value
-            self._reporter.job_ended(self, state, detail)
+        state = self._state.value if self._state is not None else JobState.FINISHED.value
+        self._report(lambda reporter: reporter.job_ended(self, state, detail))
 
     get_job_execution_result = wait
 
