@@ -347,8 +347,12 @@ class JobMaster:
             return
         if self.coordinator is not None:
             self.coordinator.subtask_running(key)
+        if key not in self.actors:
+            # a late report of an attempt that ended (its actors are gone or kept for the
+            # next one): that attempt does not run, whatever it says
+            return
         self._running.add(key)
-        if len(self._running) >= len(self.actors):
+        if self._running >= self.actors.keys():
             self.supervisor.attempt_running()  # a restarting job runs again
 
     async def source_exhausted(self, attempt: int, key: tuple[int, int]) -> None:
