@@ -22,7 +22,13 @@ if TYPE_CHECKING:
     )
     from rayflow.datastream import DataStream, DataStreamSink, KeyedStream
     from rayflow.environment import JobClient, JobResult, StreamExecutionEnvironment
-    from rayflow.errors import ConcurrentRunError, JobCancelledError, JobFailedError, OperatorError
+    from rayflow.errors import (
+        ConcurrentRunError,
+        JobCancelledError,
+        JobFailedError,
+        JobResultLostError,
+        OperatorError,
+    )
     from rayflow.failures import FailureEntry
     from rayflow.functions import (
         FilterFunction,
@@ -105,6 +111,7 @@ _EXPORTS: dict[str, str] = {
     "DeliveryGuarantee": "rayflow.guarantees",
     "JobFailedError": "rayflow.errors",
     "JobCancelledError": "rayflow.errors",
+    "JobResultLostError": "rayflow.errors",
     "ConcurrentRunError": "rayflow.errors",
     "OperatorError": "rayflow.errors",
     "NonRecoverableError": "rayflow.recoverability",
@@ -154,6 +161,7 @@ __all__ = [
     "DeliveryGuarantee",
     "JobFailedError",
     "JobCancelledError",
+    "JobResultLostError",
     "ConcurrentRunError",
     "OperatorError",
     "NonRecoverableError",

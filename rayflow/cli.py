@@ -128,7 +128,7 @@ def _split_job_args(args: list[str]) -> tuple[str | None, list[str]]:
 
 def _run(args: argparse.Namespace) -> int:
     from rayflow import examples, progress
-    from rayflow.errors import JobFailedError
+    from rayflow.errors import JobFailedError, JobResultLostError
     from rayflow.preflight import PreflightError
     from rayflow.ray_connect import NoRayClusterError, check_address
 
@@ -165,7 +165,7 @@ def _run(args: argparse.Namespace) -> int:
     progress.enable()
     try:
         runpy.run_path(path, run_name="__main__")
-    except (JobFailedError, PreflightError, NoRayClusterError) as exc:
+    except (JobFailedError, JobResultLostError, PreflightError, NoRayClusterError) as exc:
         # rayflow's own verdict on the job says everything: no traceback into rayflow
         print(f"rayflow run: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1

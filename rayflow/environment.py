@@ -23,7 +23,7 @@ from rayflow.checkpoint.metadata import CheckpointMetadata
 from rayflow.checkpoint.storage import JobStorage, new_run_id, open_checkpoint_path
 from rayflow.config import CheckpointConfig, CheckpointingMode, RestartStrategy
 from rayflow.datastream import DataStream
-from rayflow.errors import JobCancelledError, JobFailedError
+from rayflow.errors import JobCancelledError, JobFailedError, JobResultLostError
 from rayflow.failures import FailureEntry
 from rayflow.guarantees import CheckpointingFacts, GuaranteeResolution
 from rayflow.keygroups import DEFAULT_MAX_PARALLELISM
@@ -51,7 +51,7 @@ from rayflow.runtime.restore import check_channel_state
 from rayflow.runtime.run_lock import acquire_run_lock, release_run_lock
 from rayflow.runtime.settings import JobSettings
 from rayflow.runtime.sink_operator import sink_operator_factory
-from rayflow.runtime.supervisor import RestartSupervisor
+from rayflow.runtime.supervisor import RestartSupervisor, SupervisorState
 from rayflow.runtime.warm_workers import WarmWorkerConfig, warm_workers
 from rayflow.sink import Sink
 from rayflow.sources import CollectionSource, Source
@@ -190,7 +190,10 @@ class JobClient:
     lost): it loads the run's restart supervisor from the run's checkpoint storage,
     spends one restart of the same budget that attempt restarts use, makes sure every
     actor of the old job master is dead, and starts a new job master, which restores
-    this run's newest checkpoint (or the point the run started from).
+    this run's newest checkpoint (or the point the run started from). A job master lost
+    after it recorded the run's end leaves that end: CANCELED, FAILED, or FINISHED, where
+    ``wait()`` raises :class:`~rayflow.errors.JobResultLostError` (the output is complete,
+    the result is gone with the job master).
     """
 
     def __init__(
@@ -218,6 +221,8 @@ class JobClient:
         self._failure: str | None = None
         self._outcome: BaseException | None = None
         self._history: list[FailureEntry] | None = None  # kept once the run is over
+        #: the state a lost job master had recorded as the run's end, if it had
+        self._ended_as: SupervisorState | None = None
         self._reporter = progress.reporter()
         self._output_lost = False  # the driver's stdout refused a write: no more tries
         self._start_master()
@@ -255,7 +260,10 @@ class JobClient:
             state = settings.supervisor or settings.new_supervisor().state
         supervisor = RestartSupervisor(state)
         if supervisor.job_state.is_terminal:
-            return False  # it ended before it died: nothing to resume or clean up
+            # it ended before it died (its reply was lost with it): nothing to resume or
+            # clean up, and its recorded end is the run's
+            self._ended_as = state
+            return False
         lost = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
         delay = 0.0
         if supervisor.job_state is JobState.FAILING:
@@ -501,11 +509,40 @@ class JobClient:
                 self._release()
                 raise
         if not restarted:
-            self._state = JobState.FAILED
+            error = self._lost_master_error(exc)
+            self._outcome = error
             self._release()
-            raise JobFailedError(
-                self._failure or f"job {self.job_name!r} failed: its job master died ({exc})"
-            ) from None
+            raise error from None
+
+    def _lost_master_error(self, exc: BaseException) -> BaseException:
+        """What ``wait()`` raises when the job master is lost and no new one can go on:
+        the end the lost one recorded, if it recorded one (sets ``_state``)."""
+        ended = self._ended_as
+        if ended is not None:
+            self._history = list(ended.history.entries)
+        if ended is not None and ended.state is JobState.FINISHED:
+            self._state = JobState.FINISHED
+            return JobResultLostError(
+                f"job {self.job_name!r} FINISHED: every record was processed and its final "
+                "checkpoint committed, but its job master was lost before its result "
+                "(outputs, metrics) reached this driver; what its sinks committed is complete"
+            )
+        if ended is not None and ended.state is JobState.CANCELED and self._failure is None:
+            self._state = JobState.CANCELED
+            return JobCancelledError(
+                f"job {self.job_name!r} was cancelled (its job master was lost after it had "
+                "cleaned up)"
+            )
+        self._state = JobState.FAILED
+        if self._failure is None and ended is not None and ended.state is JobState.FAILED:
+            self._failure = RestartSupervisor(ended).failure_message(self.job_name)
+        error = JobFailedError(
+            self._failure or f"job {self.job_name!r} failed: its job master died ({exc})"
+        )
+        if ended is not None:
+            error.failure_history = list(ended.history.entries)
+            error.non_recoverable = ended.non_recoverable
+        return error
 
     def _release(self) -> None:
         """The run is over: its job master (and any actor of the job left) goes, and

@@ -8,6 +8,7 @@ __all__ = [
     "JobFailedError",
     "OperatorError",
     "JobCancelledError",
+    "JobResultLostError",
     "ConcurrentRunError",
     "RecordError",
     "SchemaChangeError",
@@ -59,6 +60,12 @@ class JobFailedError(RuntimeError):
 
 class JobCancelledError(JobFailedError):
     """The job was cancelled through its JobClient."""
+
+
+class JobResultLostError(RuntimeError):
+    """The job FINISHED (every record processed, its final checkpoint committed), but its
+    job master was lost before its result (outputs, metrics) reached the driver. Not a
+    failure: what the job's sinks committed is complete; only the result is gone."""
 
 
 class ConcurrentRunError(RuntimeError):
