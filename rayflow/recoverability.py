@@ -10,9 +10,11 @@ once, with the reason, whatever the restart strategy (Flink has the same notion 
 Not recoverable by default (:data:`DEFAULT_RULES`; an exception matches when it, or an
 exception it was raised from, does):
 
-- :class:`NonRecoverableError`, raised by user code (or a subclass of it), and
+- :class:`NonRecoverableError`, raised by user code (or a subclass of it),
   :class:`MissingInputError`, which a ``FileSource`` raises for an input path that does
-  not exist;
+  not exist, and ``rayflow.sink.CommitImpossibleError``: a sink answered a commit with
+  FAILED (its pre-committed data is gone, or another writer's output holds its name), and
+  every restart would restore that committable and fail on it again;
 - ``PermissionError``, and ``OSError`` with errno ``EACCES``, ``EPERM`` or ``EROFS``
   (a read-only or protected directory or file);
 - S3 errors with the codes ``NoSuchBucket``, ``InvalidBucketName``, ``AccessDenied``,
@@ -139,6 +141,8 @@ def _os_reason(exc: BaseException) -> str | None:
 def _marked_reason(exc: BaseException) -> str | None:
     if isinstance(exc, MissingInputError):
         return "the input does not exist"
+    if type(exc).__name__ == "CommitImpossibleError":
+        return "the sink says this commit can never succeed"
     if isinstance(exc, NonRecoverableError):
         return f"not recoverable: {exc}" if str(exc) else "not recoverable"
     return None

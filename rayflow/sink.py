@@ -87,6 +87,7 @@ from rayflow.guarantees import (
     strongest,
     unsupported_message,
 )
+from rayflow.recoverability import NonRecoverableError
 
 __all__ = [
     "Sink",
@@ -98,6 +99,7 @@ __all__ = [
     "CommitStatus",
     "CommitOutcome",
     "CommitFailedError",
+    "CommitImpossibleError",
     "CommittableSerializer",
     "UnknownCommittableVersionError",
     "RollingPolicy",
@@ -324,6 +326,13 @@ class CommitOutcome:
 class CommitFailedError(RuntimeError):
     """A committable could not be committed (FAILED, or still RETRY_LATER after the
     runtime's bounded retries)."""
+
+
+class CommitImpossibleError(CommitFailedError, NonRecoverableError):
+    """The sink answered FAILED: this committable can never be committed (its
+    pre-committed data is gone, or another writer's output holds its name). Every restart
+    would restore the same committable and fail the same way, so no restart is tried
+    (see :mod:`rayflow.recoverability`)."""
 
 
 # --- committables in checkpoints ----------------------------------------------------------

@@ -46,6 +46,7 @@ from rayflow.runtime.hooks import HookPoint
 from rayflow.runtime.operators import Operator, OperatorContext, SinkOperator, factory
 from rayflow.sink import (
     CommitFailedError,
+    CommitImpossibleError,
     CommitOutcome,
     CommitStatus,
     Sink,
@@ -355,13 +356,15 @@ class TwoPhaseCommitSinkOperator(Operator):
     def _failure(self, committable: Any, outcome: CommitOutcome, tries: int = 0) -> Exception:
         what = self.committer.committable_id(committable)
         if outcome.status is CommitStatus.FAILED:
+            # the sink's verdict: no retry, and so no restart, commits this committable
             text = f"{self.label}: commit of {what} failed: {outcome.reason}"
+            error: CommitFailedError = CommitImpossibleError(text)
         else:
             text = (
                 f"{self.label}: commit of {what} still not possible after {tries} tries "
                 f"({self.retry.max_retries} retries): {outcome.reason}"
             )
-        error = CommitFailedError(text)
+            error = CommitFailedError(text)
         error.__cause__ = outcome.error
         return error
 
