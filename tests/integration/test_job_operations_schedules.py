@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import errno
 import io
+import os
 import sys
 import time
 
@@ -261,3 +262,46 @@ def test_a_commit_the_sink_says_can_never_succeed_is_not_restarted_forever(tmp_p
     assert "no restart can fix it" in text, text
     assert "pre-committed data lost" in text
     assert info.value.failure_history[-1].recoverable is False
+
+
+class _CommitDeniedForAWhile(CollectSink):
+    """A sink whose target refuses commits for a while (an S3 bucket policy or credentials
+    being rotated, an NFS server failing over): the first ``denials`` commit calls, counted
+    in a file every process and attempt shares, raise PermissionError."""
+
+    def __init__(self, counter: str, denials: int) -> None:
+        super().__init__()
+        self.counter = counter
+        self.denials = denials
+
+    def commit_outcome(self, committable, guarantee=None) -> CommitOutcome:
+        with open(self.counter, "ab") as out:
+            out.write(b"x")
+        if os.path.getsize(self.counter) <= self.denials:
+            raise PermissionError(errno.EACCES, "Access Denied", "s3://bucket/out/part-0")
+        return super().commit_outcome(committable, guarantee)
+
+
+def test_a_completed_checkpoint_whose_commit_is_refused_for_a_while_is_not_given_up(tmp_path):
+    """Schedule: checkpoint n completes (its commit point is written); its commit is refused
+    with PermissionError for longer than the commit retries last (7 tries, ~6 s). Before:
+    the retried-out commit was classified by its cause, "permission denied", and the job
+    failed at once, although its default strategy restarts forever: a completed
+    checkpoint's output, which must become visible, was given up after seconds, left
+    pre-committed for a rerun to sweep. A restart commits it once the target accepts
+    commits again; the restart strategy bounds how long that is tried."""
+    env = StreamExecutionEnvironment.get_execution_environment()
+    env.enable_checkpointing(100)
+    env.get_checkpoint_config().set_checkpoint_storage(str(tmp_path / "ckpt"))
+    sink = _CommitDeniedForAWhile(str(tmp_path / "commit-calls"), denials=10)
+    env.from_source(
+        NumberSequenceSource(0, 999, batch_size=10, records_per_second=500), "Numbers"
+    ).sink_to(sink, "Out")
+    client = env.execute_async("commit-denied-for-a-while")
+    try:
+        result = client.wait(timeout=120)
+    except TimeoutError:
+        client.cancel()
+        raise
+    assert sorted(result.sink_result(sink).column("value").to_pylist()) == list(range(1000))
+    assert result.restarts >= 1
