@@ -22,6 +22,12 @@ exception it was raised from, does):
   ``AccountProblem`` (boto3's ``ClientError``, and pyarrow's S3 errors that name them);
 - boto3's ``NoCredentialsError`` and ``PartialCredentialsError``.
 
+A commit that ran out of its retries (``rayflow.sink.CommitFailedError``) is recoverable
+whatever its cause (a ``PermissionError`` too): its committable belongs to a completed
+checkpoint, whose output must become visible, and a restart tries it again; the restart
+strategy bounds how long. (An exception with ``restart_may_fix = True`` stops the search
+down its chain.)
+
 Everything else is recoverable: errors in user functions (a bad record may be fixed by
 a restart from an older checkpoint, or never; the restart strategy bounds it), lost
 actors and nodes, timeouts, and storage errors other than those above; a
@@ -179,6 +185,8 @@ def default_reason(exc: BaseException) -> str | None:
             reason = rule.reason_of(link)
             if reason is not None:
                 return reason
+        if getattr(link, "restart_may_fix", None) is True:
+            return None  # whatever it was raised from (a commit of a completed checkpoint)
     return None
 
 

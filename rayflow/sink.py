@@ -327,12 +327,20 @@ class CommitFailedError(RuntimeError):
     """A committable could not be committed (FAILED, or still RETRY_LATER after the
     runtime's bounded retries)."""
 
+    #: Read by :mod:`rayflow.recoverability`: a commit that ran out of retries may succeed
+    #: after a restart, whatever made it fail. Its committable belongs to a completed
+    #: checkpoint, whose output must become visible: the restart strategy, not the cause,
+    #: decides when to give up on it.
+    restart_may_fix: ClassVar[bool] = True
+
 
 class CommitImpossibleError(CommitFailedError, NonRecoverableError):
     """The sink answered FAILED: this committable can never be committed (its
     pre-committed data is gone, or another writer's output holds its name). Every restart
     would restore the same committable and fail the same way, so no restart is tried
     (see :mod:`rayflow.recoverability`)."""
+
+    restart_may_fix: ClassVar[bool] = False
 
 
 # --- committables in checkpoints ----------------------------------------------------------
