@@ -1,0 +1,63 @@
+"""The driver's wait() under a job master it cannot reach, without Ray: ``ray.get`` is
+replaced by what it answers during a network partition."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import ray
+
+from rayflow import environment
+from rayflow.environment import JobClient
+
+
+class _Call:
+    def remote(self, *args, **kwargs):
+        return object()
+
+
+class _UnreachableMaster:
+    def __getattr__(self, name):
+        return _Call()
+
+
+def _client() -> JobClient:
+    client = object.__new__(JobClient)
+    client.job_name = "partitioned"
+    client.job_id = "0123456789ab"
+    client._result = None
+    client._outcome = None
+    client._run_ref = object()
+    client._master = _UnreachableMaster()
+    client._reporter = None
+    client._output_lost = False
+    client._takeover = environment.threading.Lock()
+    return client
+
+
+def test_wait_with_a_timeout_returns_in_time_while_the_job_master_is_unreachable(monkeypatch):
+    """Schedule: the job master's node is cut off (every call answers
+    ActorUnavailableError) while the driver waits with ``timeout=2``. Before: wait()
+    retried every second without looking at its deadline, for up to
+    MASTER_UNREACHABLE_S (60 s), and then took the job master over, instead of raising
+    TimeoutError after 2 s as documented."""
+
+    def unreachable(*args, **kwargs):
+        raise ray.exceptions.ActorUnavailableError("the node is unreachable", None)
+
+    monkeypatch.setattr(environment.ray, "get", unreachable)
+    monkeypatch.setattr(environment, "MASTER_UNREACHABLE_S", 8.0)
+
+    class TookOver(Exception):
+        pass
+
+    def take_over(self, ref, exc):
+        raise TookOver(f"took the job master over after {time.monotonic() - started:.0f} s")
+
+    monkeypatch.setattr(JobClient, "_take_over", take_over)
+    client = _client()
+    started = time.monotonic()
+    with pytest.raises(TimeoutError, match="'partitioned'"):
+        client.wait(timeout=2)
+    assert time.monotonic() - started < 6
