@@ -223,6 +223,8 @@ class JobClient:
         self._history: list[FailureEntry] | None = None  # kept once the run is over
         #: the state a lost job master had recorded as the run's end, if it had
         self._ended_as: SupervisorState | None = None
+        #: since when calls to the job master answer "unreachable" (None: they do not)
+        self._unreachable_since: float | None = None
         self._reporter = progress.reporter()
         self._output_lost = False  # the driver's stdout refused a write: no more tries
         self._start_master()
@@ -377,7 +379,6 @@ class JobClient:
         if self._outcome is not None:
             raise self._outcome
         deadline = None if timeout is None else time.time() + timeout
-        unreachable_since: float | None = None
         while True:
             remaining = None if deadline is None else max(0.0, deadline - time.time())
             ref = self._run_ref
@@ -385,25 +386,27 @@ class JobClient:
                 raw = ray.get(ref, timeout=POLL_S if remaining is None else min(POLL_S, remaining))
                 break
             except ray.exceptions.GetTimeoutError:
+                self._unreachable_since = None
                 if deadline is not None and time.time() >= deadline:
-                    raise JobWaitTimeout(
-                        f"job {self.job_name!r} (job id {self.job_id}) is still "
-                        f"{self._state_word()} after {timeout:g} s; it keeps running: "
-                        "wait() again, or cancel() it"
-                    ) from None
+                    raise self._still(self._state_word(), timeout) from None
                 self._poll()
                 continue
             except ray.exceptions.ActorUnavailableError as exc:
                 # Unreachable for now (a network blip, or a node not yet declared dead). The
                 # failed call keeps its error: ask the job master again with a fresh call.
-                unreachable_since = unreachable_since or time.time()
-                if time.time() - unreachable_since < MASTER_UNREACHABLE_S:
-                    time.sleep(1.0)
+                # How long it has been unreachable counts across calls of wait(), so that
+                # waiting in short slices still takes over a job master that is gone.
+                self._unreachable_since = self._unreachable_since or time.time()
+                if time.time() - self._unreachable_since < MASTER_UNREACHABLE_S:
                     with self._takeover:
                         if self._run_ref is ref:
                             self._run_ref = self._master.outcome.remote()
+                    if deadline is not None and time.time() >= deadline:
+                        raise self._still("unreachable", timeout) from None
+                    left = 1.0 if deadline is None else deadline - time.time()
+                    time.sleep(max(0.0, min(1.0, left)))
                     continue
-                unreachable_since = None
+                self._unreachable_since = None
                 self._take_over(ref, exc)
             except ray.exceptions.RayActorError as exc:
                 self._take_over(ref, exc)
@@ -428,6 +431,12 @@ class JobClient:
         self._history = self._result.failure_history
         self._report_end()
         return self._result
+
+    def _still(self, state: str, timeout: float) -> JobWaitTimeout:
+        return JobWaitTimeout(
+            f"job {self.job_name!r} (job id {self.job_id}) is still {state} after "
+            f"{timeout:g} s; it keeps running: wait() again, or cancel() it"
+        )
 
     # --- what the driver shows while it waits ----------------------------------------------
 

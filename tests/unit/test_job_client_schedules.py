@@ -32,6 +32,7 @@ def _client() -> JobClient:
     client._master = _UnreachableMaster()
     client._reporter = None
     client._output_lost = False
+    client._unreachable_since = None
     client._takeover = environment.threading.Lock()
     return client
 
@@ -61,3 +62,32 @@ def test_wait_with_a_timeout_returns_in_time_while_the_job_master_is_unreachable
     with pytest.raises(TimeoutError, match="'partitioned'"):
         client.wait(timeout=2)
     assert time.monotonic() - started < 6
+
+
+def test_waiting_in_short_slices_still_takes_an_unreachable_job_master_over(monkeypatch):
+    """The time a job master has been unreachable counts across calls of wait(): a driver
+    that waits in 2 s slices takes it over after MASTER_UNREACHABLE_S like one that waits
+    without a timeout."""
+
+    def unreachable(*args, **kwargs):
+        raise ray.exceptions.ActorUnavailableError("the node is unreachable", None)
+
+    class TookOver(Exception):
+        pass
+
+    def take_over(self, ref, exc):
+        raise TookOver()
+
+    monkeypatch.setattr(environment.ray, "get", unreachable)
+    monkeypatch.setattr(environment, "MASTER_UNREACHABLE_S", 5.0)
+    monkeypatch.setattr(JobClient, "_take_over", take_over)
+    client = _client()
+    slices = 0
+    with pytest.raises(TookOver):
+        while slices < 10:
+            slices += 1
+            try:
+                client.wait(timeout=2)
+            except TimeoutError:
+                continue
+    assert slices <= 4
