@@ -34,3 +34,36 @@ def test_a_commit_still_retried_out_is_recoverable_whatever_its_cause():
 
 def test_the_classifier_may_still_say_otherwise():
     assert classify(CommitImpossibleError("x"), lambda exc: True) is None
+
+
+def _permissions_come_back(exc: BaseException):
+    return True if isinstance(exc, PermissionError) else None
+
+
+def test_the_job_classifier_sees_the_cause_the_default_rules_see():
+    """A job's classifier says a PermissionError is recoverable (its storage's credentials
+    are rotated now and then). The same PermissionError arrives wrapped: a checkpoint's
+    metadata write that failed (CheckpointFailureLimit from it), or a FileSource's
+    ValueError raised from it. Before: the classifier was asked about the wrapper only,
+    said nothing, and the default rules, which look down the chain, failed the job at
+    once: the job's own verdict on that error did not count."""
+    from rayflow.checkpoint.failures import CheckpointFailureLimit
+
+    denied = PermissionError(errno.EACCES, "Permission denied", "/ckpt/chk-7/_metadata")
+    limit = CheckpointFailureLimit("checkpoint 7 failed (metadata write failed)")
+    limit.__cause__ = denied
+    assert classify(limit, _permissions_come_back) is None
+    assert classify(limit) is not None  # without the classifier: not recoverable
+    try:
+        try:
+            raise denied
+        except PermissionError as inner:
+            raise ValueError("FileSource: cannot read '/in/a.jsonl' as jsonl") from inner
+    except ValueError as wrapped:
+        assert classify(wrapped, _permissions_come_back) is None
+    # the verdict nearest the top wins: a wrapper the classifier rules on decides
+    outer = RuntimeError("give up")
+    outer.__cause__ = denied
+    assert classify(outer, lambda e: False if isinstance(e, RuntimeError) else None) == (
+        "the job's failure classifier says no restart can fix it"
+    )
