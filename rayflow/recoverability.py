@@ -35,8 +35,10 @@ actors and nodes, timeouts, and storage errors other than those above; a
 next attempt), except a missing input.
 
 Override it per job with ``env.set_failure_classifier(fn)``: ``fn(exc)`` returns True
-(recoverable: restart as the strategy says), False (fail the job now) or None (the
-default rules decide). It runs in the subtask where the error happened and in the job
+(recoverable: restart as the strategy says), False (fail the job now) or None (no verdict
+on this exception). It is asked about the failure and then each exception it was raised
+from, as the default rules look at them; the first verdict decides, and with none the
+default rules do. It runs in the subtask where the error happened and in the job
 master, so it must pickle and must not raise (an exception it raises counts as None).
 """
 
@@ -195,13 +197,16 @@ def classify(exc: BaseException, classifier: FailureClassifier | None = None) ->
     own (see the module docstring); when it returns None, or raises, the default rules
     decide."""
     if classifier is not None:
-        try:
-            verdict = classifier(exc)
-        except Exception as problem:  # noqa: BLE001 - a broken classifier must not hide exc
-            log.warning("the failure classifier raised %r; using the default rules", problem)
-            verdict = None
-        if verdict is True:
-            return None
-        if verdict is False:
-            return "the job's failure classifier says no restart can fix it"
+        # asked about ``exc`` and what it was raised from, as the default rules are: the
+        # first verdict from the top decides
+        for link in _chain(exc):
+            try:
+                verdict = classifier(link)
+            except Exception as problem:  # noqa: BLE001 - a broken classifier must not hide exc
+                log.warning("the failure classifier raised %r; using the default rules", problem)
+                break
+            if verdict is True:
+                return None
+            if verdict is False:
+                return "the job's failure classifier says no restart can fix it"
     return default_reason(exc)
