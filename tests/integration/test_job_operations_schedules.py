@@ -187,6 +187,12 @@ def test_a_late_running_report_of_a_failed_attempt_does_not_end_restarting(tmp_p
         assert client.cancel() is True
 
 
+def _recorded(client) -> JobState | None:
+    """The state the job master wrote into the run's storage (what a takeover reads)."""
+    state = client._settings.storage().read_job_state()
+    return state.state if state is not None else None
+
+
 def _lose_the_reply(client) -> None:
     """The job master's node goes now: its reply to ``run()`` never reaches the driver."""
     master = client._master
@@ -203,7 +209,7 @@ def test_a_job_master_lost_after_it_recorded_canceled_leaves_the_job_canceled(tm
     _until(lambda: client.get_job_status() is JobState.RUNNING, what="RUNNING")
     client._cancel_requested = True  # what cancel() records before it asks the master
     ray.get(client._master.cancel.remote())
-    _until(lambda: _status(client)["state"] is JobState.CANCELED, what="CANCELED recorded")
+    _until(lambda: _recorded(client) is JobState.CANCELED, what="CANCELED recorded")
     _lose_the_reply(client)
     with pytest.raises(JobCancelledError):
         client.wait(timeout=60)
@@ -223,7 +229,7 @@ def test_a_job_master_lost_after_it_recorded_finished_is_no_failure(tmp_path):
         CollectSink(), "Out"
     )
     client = env.execute_async("lost-after-finish")
-    _until(lambda: _status(client)["state"] is JobState.FINISHED, what="FINISHED recorded")
+    _until(lambda: _recorded(client) is JobState.FINISHED, what="FINISHED recorded")
     _lose_the_reply(client)
     with pytest.raises(Exception) as info:
         client.wait(timeout=60)
