@@ -9,7 +9,9 @@ which line, and what the job must still say and do:
   the restart delay;
 - the job master is lost after it recorded the end of the run (CANCELED, FINISHED), before
   its reply reaches the driver;
-- a sink answers that a commit can never succeed (its pre-committed data is gone).
+- a sink answers that a commit can never succeed (its pre-committed data is gone);
+- a completed checkpoint's commit is refused (PermissionError) for longer than the
+  commit retries last, then accepted again.
 """
 
 from __future__ import annotations
