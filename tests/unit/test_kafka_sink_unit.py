@@ -187,6 +187,29 @@ def test_schedule_killed_between_two_commits_of_a_checkpoint(kafka_broker, kafka
     assert _values(kafka_broker, kafka_topic) == list(range(9))
 
 
+def test_schedule_zombie_of_an_older_attempt_retries_a_commit_a_newer_one_died_in(
+    kafka_broker, kafka_topic
+):
+    """A committer of an older attempt that is still alive in another process (a node cut
+    off from the cluster, or actors of a run whose driver died outliving its run lock), with
+    the marker it last committed cached, retries a commit after a newer attempt died
+    inside the same commit with its records sent. Its producer is fenced, so it writes no
+    record; nothing else it does may make the next attempt's recovery miss the records
+    the dead attempt sent (Tansu exposes them when the id is initialised again)."""
+    sink = _sink(kafka_broker, kafka_topic)
+    first = _committable(sink, _context(), 0, range(0, 4))
+    second = _committable(sink, _context(), 1, range(4, 12))
+    zombie = _committer(sink, _context())
+    assert zombie.commit(first).done  # the older attempt committed the first one
+    newer = _committer(_sink(kafka_broker, kafka_topic), _context(hooks=_Hooks(crash_at=1)))
+    with pytest.raises(Crash):
+        newer.commit(second)  # the newer attempt dies inside the second commit
+    assert zombie.commit(second).status is CommitStatus.RETRY_LATER  # fenced: nothing written
+    restored = _committer(_sink(kafka_broker, kafka_topic), _context())
+    assert restored.commit(second).done
+    assert _values(kafka_broker, kafka_topic) == list(range(12))
+
+
 def test_commits_of_one_writer_stay_in_order(kafka_broker, kafka_topic, monkeypatch):
     """A committable that must wait (RETRY_LATER) holds back the later ones of its writer:
     committing a later one first would move the marker past it (and lose it)."""
