@@ -141,8 +141,6 @@ def test_schedule_killed_after_part_of_the_records_were_sent(kafka_broker, kafka
     sink = _sink(kafka_broker, kafka_topic)
     context = _context()
     c = _committable(sink, context, 0, range(12))
-    committer = _committer(sink, context)
-    committer._write_intent(c)  # what the commit does first
     # what the dead commit had sent: records 0..4 of it, with their headers
     dead = ck.Producer(kafka_broker.config(**{"transactional.id": c.transactional_id}))
     dead.init_transactions(30)
@@ -161,10 +159,10 @@ def test_schedule_killed_after_part_of_the_records_were_sent(kafka_broker, kafka
     assert restored.found_visible == 5
 
 
-def test_schedule_killed_after_the_intent_before_any_record(kafka_broker, kafka_topic):
+def test_schedule_killed_after_init_before_any_record(kafka_broker, kafka_topic):
     sink = _sink(kafka_broker, kafka_topic)
     c = _committable(sink, _context(), 0, range(7))
-    _committer(sink, _context())._write_intent(c)
+    _committer(sink, _context())._writer(c, c.run)  # initialised the id, read the marker
     restored = _committer(_sink(kafka_broker, kafka_topic), _context())
     assert restored.commit(c).done
     assert _values(kafka_broker, kafka_topic) == list(range(7))
@@ -217,18 +215,18 @@ def test_commits_of_one_writer_stay_in_order(kafka_broker, kafka_topic, monkeypa
     first = _committable(sink, _context(), 0, range(0, 3))
     second = _committable(sink, _context(), 1, range(3, 6))
     committer = _committer(sink, _context())
-    real = committer._write_intent
+    real = committer._visible
     calls = []
 
-    def flaky(c):
+    def flaky(c, start):
         calls.append(c.sequence)
         if len(calls) == 1:
             from rayflow.connectors.kafka.sink import _Retry
 
             raise _Retry("broker busy")
-        return real(c)
+        return real(c, start)
 
-    monkeypatch.setattr(committer, "_write_intent", flaky)
+    monkeypatch.setattr(committer, "_visible", flaky)
     assert committer.commit(first).status is CommitStatus.RETRY_LATER
     held = committer.commit(second)
     assert held.status is CommitStatus.RETRY_LATER and "not committed yet" in held.reason
@@ -294,9 +292,14 @@ def test_committable_format_is_versioned():
     serializer = KafkaCommittableSerializer()
     from rayflow.connectors.kafka import KafkaCommittable
 
-    c = KafkaCommittable("t", 1, "txn-1", "run-x", 4, 9, b"ipc-bytes", 3)
+    c = KafkaCommittable("t", 1, "txn-1", "run-x", 4, 9, b"ipc-bytes", 3, {0: 17, 2: 5})
     version, data = serializer.encode(c)
     assert serializer.decode(version, data) == c
+    # format 1 (no start offsets) is still read
+    head = b'{"checkpoint_id": 9, "count": 3, "has_records": true, "run": "run-x", '
+    head += b'"sequence": 4, "topic": "t", "transactional_id": "txn-1", "writer": 1}'
+    old = serializer.decode(1, len(head).to_bytes(4, "big") + head + b"ipc-bytes")
+    assert old == KafkaCommittable("t", 1, "txn-1", "run-x", 4, 9, b"ipc-bytes", 3, None)
     flushed = KafkaCommittable("t", 0, "txn-0", "run-x", 5, None, None, 2)
     assert serializer.decode(*serializer.encode(flushed)) == flushed
     with pytest.raises(UnknownCommittableVersionError):
