@@ -9,6 +9,7 @@ would; a "restarted subtask" is a new sink object, whose committer starts from n
 
 from __future__ import annotations
 
+import time
 import uuid
 
 import pyarrow as pa
@@ -206,6 +207,36 @@ def test_schedule_zombie_of_an_older_attempt_retries_a_commit_a_newer_one_died_i
     restored = _committer(_sink(kafka_broker, kafka_topic), _context())
     assert restored.commit(second).done
     assert _values(kafka_broker, kafka_topic) == list(range(12))
+
+
+def test_recovery_scan_that_keeps_reading_is_not_cut_off(kafka_broker, kafka_topic, monkeypatch):
+    """A restored commit looks for its records from the end offsets at its pre-commit; a
+    job restored long after (other producers wrote much to the topic meanwhile) reads a
+    long way. A scan that keeps getting records must not time out: a fixed deadline would
+    answer RETRY_LATER on every try, and the job could never recover."""
+    from rayflow.connectors.kafka import sink as kafka_sink
+
+    sink = _sink(kafka_broker, kafka_topic)
+    c = _committable(sink, _context(), 0, range(5))
+    kafka_broker.produce(kafka_topic, [b"%d" % v for v in range(100, 160)])  # others' records
+    monkeypatch.setattr(kafka_sink, "_SCAN_TIMEOUT_S", 1.0)
+    restored = _committer(_sink(kafka_broker, kafka_topic), _context())
+    real = restored._group_client
+
+    class Slow:  # a reader that gets a few records at a time, slowly
+        def __init__(self, consumer):
+            self.consumer = consumer
+
+        def consume(self, count, timeout):
+            time.sleep(0.1)
+            return self.consumer.consume(min(count, 2), timeout)
+
+        def __getattr__(self, name):
+            return getattr(self.consumer, name)
+
+    monkeypatch.setattr(restored, "_group_client", lambda *a: Slow(real(*a)))
+    assert restored.commit(c).status is CommitStatus.COMMITTED
+    assert _values(kafka_broker, kafka_topic) == list(range(5)) + list(range(100, 160))
 
 
 def test_commits_of_one_writer_stay_in_order(kafka_broker, kafka_topic, monkeypatch):
