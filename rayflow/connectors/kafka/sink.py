@@ -169,7 +169,9 @@ log = logging.getLogger("rayflow.kafka")
 #: The header every record of an EXACTLY_ONCE commit carries: ``<writer>:<sequence>:<index>``.
 RECOVERY_HEADER = "rf.txn"
 _TIMEOUT_S = 30.0
-#: How long a recovering commit waits for the topic to be readable to its end.
+#: How long a recovering commit's scan may go without getting anything (records or the
+#: end of a partition) before it gives up for now (RETRY_LATER): held back by an open
+#: transaction. A scan that keeps getting records is never cut off.
 _SCAN_TIMEOUT_S = 10.0
 #: How long a pre-commit waits for the topic's end offsets (then it uses older ones).
 _BOUND_TIMEOUT_S = 5.0
@@ -635,10 +637,13 @@ class _KafkaCommitter(Committer[KafkaCommittable]):
                     raise _Retry(
                         f"looking for records of {self.committable_id(committable)} that an "
                         f"earlier attempt produced: partitions {sorted(todo)} of "
-                        f"{committable.topic!r} not readable to their end within "
-                        f"{_SCAN_TIMEOUT_S:.0f} s (held back by an open transaction?)"
+                        f"{committable.topic!r} gave nothing for {_SCAN_TIMEOUT_S:.0f} s "
+                        "short of their end (held back by an open transaction?)"
                     )
-                for msg in reader.consume(1000, 0.2):
+                messages = reader.consume(1000, 0.2)
+                if messages:
+                    deadline = time.monotonic() + _SCAN_TIMEOUT_S
+                for msg in messages:
                     error = msg.error()
                     if error is None:
                         for key, value in msg.headers() or ():
