@@ -239,6 +239,65 @@ def test_recovery_scan_that_keeps_reading_is_not_cut_off(kafka_broker, kafka_top
     assert _values(kafka_broker, kafka_topic) == list(range(5)) + list(range(100, 160))
 
 
+def test_schedule_commit_failed_with_records_in_flight_then_retried(
+    kafka_broker, kafka_topic, monkeypatch
+):
+    """A commit gives up while some of its records are still on their way (the broker did
+    not answer within the timeout); the committer drops that producer and the retry
+    initialises the id with a new one. A request of the old producer processed while the
+    new one initialises can leave a transaction open that nothing ends on the test broker
+    (test_tansu_deviation_fenced_produce_racing_init_can_hold_a_topic_back): the old
+    producer's requests must be answered before the id is initialised again. Producers
+    here are a model of the client: records stay "on the wire" until the producer that
+    sent them gets its answers (a purge of in-flight records only stops waiting)."""
+    from rayflow.connectors.kafka import sink as kafka_sink
+
+    wire = {"in_flight": 0, "races": 0, "flushes": 0}
+
+    class Producer:
+        def __init__(self, conf):
+            self.sent = 0
+
+        def init_transactions(self, timeout):
+            wire["races"] += wire["in_flight"] > 0
+
+        def begin_transaction(self):
+            pass
+
+        def produce(self, topic, **kwargs):
+            self.sent += 1
+            wire["in_flight"] += 1
+
+        def poll(self, timeout=0):
+            return 0
+
+        def flush(self, timeout=None):
+            wire["flushes"] += 1
+            if wire["flushes"] == 1:  # the commit's flush: no answer in time
+                return self.sent
+            wire["in_flight"] -= self.sent  # answered (or refused: fenced)
+            self.sent = 0
+            return 0
+
+        def purge(self, in_queue=True, in_flight=True, blocking=True):
+            if in_flight:
+                self.sent = 0  # no longer waited for; still on the wire
+
+        def send_offsets_to_transaction(self, *args):
+            pass
+
+        def commit_transaction(self, timeout=None):
+            pass
+
+    sink = _sink(kafka_broker, kafka_topic)
+    c = _committable(sink, _context(), 0, range(6))
+    committer = _committer(sink, _context())
+    monkeypatch.setattr(kafka_sink.KafkaSink, "_producer", lambda self, label, conf: Producer(conf))
+    assert committer.commit(c).status is CommitStatus.RETRY_LATER
+    assert committer.commit(c).status is CommitStatus.COMMITTED
+    assert wire["races"] == 0
+
+
 def test_commits_of_one_writer_stay_in_order(kafka_broker, kafka_topic, monkeypatch):
     """A committable that must wait (RETRY_LATER) holds back the later ones of its writer:
     committing a later one first would move the marker past it (and lose it)."""
