@@ -122,6 +122,14 @@ uses (init_transactions aborting the older transaction, aborted records hidden f
 read_committed consumers, transactional offset commits) is Kafka's documented semantics,
 not tested here.
 
+On Tansu, a produce request of a fenced producer that the broker processes while a newer
+producer with the same id runs ``init_transactions`` can leave a transaction open that no
+later init or commit ends, holding read_committed readers back for good
+(``test_tansu_deviation_fenced_produce_racing_init_can_hold_a_topic_back``; Kafka refuses
+such a request). The committer never initialises an id while a producer it dropped still
+has requests in flight (``_drop`` waits for them); the last requests of a killed process
+are out of its hands.
+
 Readers must use ``isolation.level=read_committed``. The marker groups hold one committed
 offset each per writer and run; they are never joined. Secrets in the settings never
 appear in a repr, log line or error.
