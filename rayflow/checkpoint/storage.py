@@ -5,6 +5,7 @@ Every execution of a job is a *run* with its own id and its own directory::
     <root>/<job name>/<run id>/
         _checkpoint_ids                    high-water mark of reserved checkpoint ids
         _job_state                         the run's supervisor state (restarts, attempt)
+        _source_splits_<source uid>        the splits a source was first cut into (once a run)
         chk-<n>/a<attempt>-v<vertex>-s<subtask>.state   one blob per subtask and attempt
         chk-<n>/_metadata                  the commit point, written last and atomically
 
@@ -45,6 +46,8 @@ __all__ = [
 METADATA = "_metadata"
 ID_COUNTER = "_checkpoint_ids"
 JOB_STATE = "_job_state"
+#: ``_source_splits_<source uid>``: the splits a source was first cut into in a run
+SOURCE_SPLITS = "_source_splits_"
 _CHK = re.compile(r"^chk-(\d+)$")
 _RUN = re.compile(r"^run-\d{8}T\d{6}-[0-9a-f]+$")
 
@@ -281,6 +284,23 @@ class CheckpointStorage(_Files):
 
     def read_job_state(self) -> Any | None:
         path = f"{self.location()}/{JOB_STATE}"
+        if not self._exists(path):
+            return None
+        return pickle.loads(self._read(path))
+
+    # --- the run's source splits as first cut ------------------------------------------------
+
+    def write_source_splits(self, source_uid: str, splits: list[Any]) -> None:
+        """Record the splits a source was first cut into in this run (before anything read
+        them): a job master started later in the run deploys these, not a new cut."""
+        self._write_atomic(
+            self.location(),
+            f"{SOURCE_SPLITS}{_safe(source_uid)}",
+            pickle.dumps(splits, protocol=pickle.HIGHEST_PROTOCOL),
+        )
+
+    def read_source_splits(self, source_uid: str) -> list[Any] | None:
+        path = f"{self.location()}/{SOURCE_SPLITS}{_safe(source_uid)}"
         if not self._exists(path):
             return None
         return pickle.loads(self._read(path))

@@ -33,10 +33,11 @@ class Deployer:
         self.graph = graph
         self.settings = settings
         self.storage = storage
-        #: per source vertex, the splits it was cut into when this job master first
-        #: deployed it without a checkpoint to restore: cut once, so every subtask (and
-        #: every attempt until a checkpoint holds positions) starts from the same ones
-        #: (a source that resolves "latest" offsets resolves them once)
+        #: per source vertex, the splits it was cut into when the run first deployed it
+        #: without a checkpoint to restore: cut once per run (kept in the run's storage
+        #: for the job masters that follow), so every subtask, attempt and job master
+        #: until a checkpoint holds positions starts from the same ones (a source that
+        #: resolves "latest" offsets resolves them once)
         self._fresh_splits: dict[int, list[Any]] = {}
 
     def outputs(
@@ -67,9 +68,17 @@ class Deployer:
         return outputs
 
     def fresh_splits(self, vertex: VertexSpec) -> list[Any]:
-        """``vertex``'s source cut into splits, once per deployer."""
+        """``vertex``'s source cut into splits, once per run: read back from the run's
+        storage when an earlier job master of the run cut it, else cut now and recorded
+        there before any subtask reads them."""
         if vertex.vertex_id not in self._fresh_splits:
-            self._fresh_splits[vertex.vertex_id] = vertex.source.create_splits(vertex.parallelism)
+            storage, uid = self.storage, vertex.source_uid or f"v{vertex.vertex_id}"
+            splits = storage.read_source_splits(uid) if storage is not None else None
+            if splits is None:
+                splits = vertex.source.create_splits(vertex.parallelism)
+                if storage is not None:
+                    storage.write_source_splits(uid, splits)
+            self._fresh_splits[vertex.vertex_id] = splits
         return [copy.copy(s) for s in self._fresh_splits[vertex.vertex_id]]
 
     def deployment(

@@ -18,7 +18,9 @@ from tests.chaos.kafka_harness import chaos_plan, run_pipeline  # noqa: E402
 
 
 @pytest.mark.chaos
-@pytest.mark.parametrize(("pipeline", "seed"), [("sum", 3), ("kafka", 4)])
+# kafka 4: the job master dies before it notifies; kafka 11: a commit stalls while the
+# other sink subtask dies (its thread outlives its attempt)
+@pytest.mark.parametrize(("pipeline", "seed"), [("sum", 3), ("kafka", 4), ("kafka", 11)])
 def test_kafka_pipeline_exact_under_seeded_kills(kafka_broker, tmp_path, pipeline, seed):
     run = run_pipeline(
         kafka_broker, pipeline, str(tmp_path), plan=chaos_plan(seed, pipeline), seed=seed

@@ -144,7 +144,8 @@ def test_saved_partitions_are_dealt_again_at_another_parallelism():
         assert flat == [(p, 10 * p) for p in range(5)]
 
 
-def test_splits_are_cut_once_per_deployer():
+def test_splits_are_cut_once_per_run(tmp_path):
+    from rayflow.checkpoint.storage import CheckpointStorage, new_run_id
     from rayflow.runtime.deployer import Deployer
 
     calls = []
@@ -157,15 +158,27 @@ def test_splits_are_cut_once_per_deployer():
     class Vertex:
         vertex_id = 1
         parallelism = 2
+        source_uid = "kafka"
         source = Source()
 
-    deployer = Deployer.__new__(Deployer)
-    deployer._fresh_splits = {}
-    first = deployer.fresh_splits(Vertex)
+    def deployer(storage):
+        made = Deployer.__new__(Deployer)
+        made._fresh_splits, made.storage = {}, storage
+        return made
+
+    first_master = deployer(None)  # no storage (checkpointing off): once per deployer
+    first = first_master.fresh_splits(Vertex)
     first[0].next_offset = 99  # a reader advancing its copy
-    again = deployer.fresh_splits(Vertex)
+    again = first_master.fresh_splits(Vertex)
     assert calls == [2]
     assert again[0].next_offset == 0
+    # with the run's storage: a job master started later in the run gets the same cut
+    storage = CheckpointStorage(str(tmp_path), "job", {}, new_run_id())
+    assert deployer(storage).fresh_splits(Vertex)[2].partition == 2
+    assert [s.split_id for s in deployer(storage).fresh_splits(Vertex)] == [
+        s.split_id for s in again
+    ]
+    assert calls == [2, 2]
 
 
 def test_reader_stops_at_the_bound_and_keeps_positions(kafka_broker):

@@ -53,15 +53,20 @@ produces nothing). Otherwise the records are produced and committed again.
 
 Not relying on the broker to abort: the protocol also holds on a broker that, instead of
 aborting a dead producer's open transaction, makes its records visible (the test broker,
-Tansu 0.6, does: tests/unit/test_kafka_broker.py). Before the first record of a commit is
-produced, the committer writes a lower bound of where its records can land (the end
-offset of each partition) as the plain committed offsets of the group
-``<transactional.id>.<run>.intent``, and every record carries a header ``rf.txn`` =
-``<writer>:<sequence>:<index>``. A committer that finds the marker below a committable's
-sequence and an intent written reads the topic from the intent's offsets (with
-``read_committed``, up to its end) after ``init_transactions()``, and produces only the
-records of that committable that are not visible yet: none on Apache Kafka (the crashed
-transaction was aborted), the missing ones on a broker that exposed it. A commit that
+Tansu 0.6, does: tests/unit/test_kafka_broker.py). At pre-commit, the writer puts into the
+committable a lower bound of where its records can land: the end offset of each partition
+then (``start_offsets``; no record of it exists before its pre-commit, and end offsets
+only grow). Every record carries a header ``rf.txn`` = ``<writer>:<sequence>:<index>``.
+The first commit of each run by a producer that has just called ``init_transactions()``
+(the only one that can find an ended transaction's records: commits of one writer are in
+order, so the open transaction was of the first sequence the marker does not cover) reads
+the topic from the committable's start offsets (with ``read_committed``, up to its end)
+and produces only the records of that committable that are not visible yet: none on
+Apache Kafka (the crashed transaction was aborted), the missing ones on a broker that
+exposed it. The lower bound lives in the checkpoint: no other attempt, and no zombie of
+an older one, can move it. (Format-1 committables, written before it existed, fall back
+to the ``<transactional.id>.<run>.intent`` group an older version wrote before producing,
+else to the start of each partition.) A commit that
 fails half way (a timeout, a lost connection) is never aborted (an abort can expose records
 on such a broker too): its producer is dropped, and the next try recovers as above.
 
@@ -70,8 +75,14 @@ Stale attempts: the runtime checks the attempt's fence before each commit (and
 a thread of an older attempt instead of reusing it, and committers in one process take a
 lock per transactional id, so an older attempt's commit finishes (or fails) before a newer
 one initialises the id. What remains is a producer of an older attempt in a process that
-is still alive: on Apache Kafka, ``init_transactions`` of the newer producer fences it;
-the test broker fenced such a producer's writes too (``test_fenced_producer_cannot_write``).
+is still alive (a node cut off from the cluster; actors of a run whose driver died,
+outliving its run lock): on Apache Kafka, ``init_transactions`` of the newer producer
+fences it; the test broker fenced such a producer's writes too
+(``test_fenced_producer_cannot_write``). Such a committer writes nothing outside a
+transaction, so being fenced stops all it could do (unit:
+``test_schedule_zombie_of_an_older_attempt_retries_a_commit_a_newer_one_died_in``: an
+earlier version wrote the scan's start as a plain group commit before producing, which a
+fenced zombie could still move past a dead attempt's exposed records).
 
 Failure schedules (who dies right after which step) and what recovery sees:
 
@@ -80,10 +91,10 @@ Failure schedules (who dies right after which step) and what recovery sees:
   (chaos: SINK_BEFORE_PRE_COMMIT, SINK_AFTER_PRE_COMMIT, AFTER_SNAPSHOT);
 - after the checkpoint completed, before the commit (a lost notification, the job master
   dying before it notifies): the committable is in the restored state; the marker is below
-  its sequence, a scan (where an earlier commit left an intent) finds none of its records,
-  and everything is produced (chaos: BEFORE_NOTIFY in every plan, JOB_MASTER_BEFORE_NOTIFY);
-- after the intent, before the first record: the scan finds nothing, everything is
-  produced (unit: ``test_schedule_killed_after_the_intent_before_any_record``);
+  its sequence, the scan finds none of its records, and everything is produced (chaos:
+  BEFORE_NOTIFY in every plan, JOB_MASTER_BEFORE_NOTIFY);
+- after ``init_transactions``, before the first record: the scan finds nothing,
+  everything is produced (unit: ``test_schedule_killed_after_init_before_any_record``);
 - after some or all records were sent, before ``commit_transaction``: the restored
   committer's ``init_transactions`` ends the dead transaction (Kafka: aborted; Tansu:
   exposed), the scan finds what is visible and the rest is produced (chaos:
@@ -111,7 +122,15 @@ uses (init_transactions aborting the older transaction, aborted records hidden f
 read_committed consumers, transactional offset commits) is Kafka's documented semantics,
 not tested here.
 
-Readers must use ``isolation.level=read_committed``. The groups above hold one committed
+On Tansu, a produce request of a fenced producer that the broker processes while a newer
+producer with the same id runs ``init_transactions`` can leave a transaction open that no
+later init or commit ends, holding read_committed readers back for good
+(``test_tansu_deviation_fenced_produce_racing_init_can_hold_a_topic_back``; Kafka refuses
+such a request). The committer never initialises an id while a producer it dropped still
+has requests in flight (``_drop`` waits for them); the last requests of a killed process
+are out of its hands.
+
+Readers must use ``isolation.level=read_committed``. The marker groups hold one committed
 offset each per writer and run; they are never joined. Secrets in the settings never
 appear in a repr, log line or error.
 """
@@ -158,9 +177,14 @@ log = logging.getLogger("rayflow.kafka")
 #: The header every record of an EXACTLY_ONCE commit carries: ``<writer>:<sequence>:<index>``.
 RECOVERY_HEADER = "rf.txn"
 _TIMEOUT_S = 30.0
-#: How long a recovering commit waits for the topic to be readable to its end.
+#: How long a recovering commit's scan may go without getting anything (records or the
+#: end of a partition) before it gives up for now (RETRY_LATER): held back by an open
+#: transaction. A scan that keeps getting records is never cut off.
 _SCAN_TIMEOUT_S = 10.0
-_FORMAT_VERSION = 1
+#: How long a pre-commit waits for the topic's end offsets (then it uses older ones).
+_BOUND_TIMEOUT_S = 5.0
+#: 2: committables carry ``start_offsets``; 1 (read still): without them
+_FORMAT_VERSION = 2
 
 
 @dataclass
@@ -169,7 +193,13 @@ class KafkaCommittable:
 
     ``records`` (EXACTLY_ONCE): the encoded records (Arrow IPC stream of
     :data:`KAFKA_RECORDS`); None for AT_LEAST_ONCE and NONE, whose records were produced
-    and flushed at pre-commit already."""
+    and flushed at pre-commit already.
+
+    ``start_offsets`` (EXACTLY_ONCE): per partition of the topic, an offset at or below
+    which none of these records can land, taken at pre-commit, before any of them was
+    produced by anyone (end offsets only grow). A restored commit looks for records an
+    earlier attempt exposed from there. Part of the checkpoint, so nothing outside it
+    (no other attempt, no zombie) can move it. None in committables of format 1."""
 
     topic: str
     writer: int
@@ -179,6 +209,7 @@ class KafkaCommittable:
     checkpoint_id: int | None = None
     records: bytes | None = None
     count: int = 0
+    start_offsets: dict[int, int] | None = None
 
     @property
     def writer_tag(self) -> str:
@@ -193,11 +224,16 @@ class KafkaCommittable:
 
 
 class KafkaCommittableSerializer(CommittableSerializer[KafkaCommittable]):
-    """Version 1: a JSON header (4-byte length first), then the records' IPC bytes."""
+    """A JSON header (4-byte length first), then the records' IPC bytes. Version 2 adds
+    ``start_offsets`` to the header; version 1 (without it) is still read."""
 
     @property
     def version(self) -> int:
         return _FORMAT_VERSION
+
+    @property
+    def readable_versions(self) -> frozenset[int]:
+        return frozenset({1, _FORMAT_VERSION})
 
     def serialize(self, committable: KafkaCommittable) -> bytes:
         head = {k: v for k, v in dataclasses.asdict(committable).items() if k != "records"}
@@ -209,7 +245,14 @@ class KafkaCommittableSerializer(CommittableSerializer[KafkaCommittable]):
         size = int.from_bytes(data[:4], "big")
         head = json.loads(data[4 : 4 + size].decode("utf-8"))
         has_records = head.pop("has_records")
-        return KafkaCommittable(**head, records=bytes(data[4 + size :]) if has_records else None)
+        starts = head.pop("start_offsets", None)
+        if starts is not None:
+            starts = {int(p): int(o) for p, o in starts.items()}
+        return KafkaCommittable(
+            **head,
+            records=bytes(data[4 + size :]) if has_records else None,
+            start_offsets=starts,
+        )
 
 
 # --- writing --------------------------------------------------------------------------------
@@ -235,6 +278,8 @@ class _KafkaWriter(TransactionWriter[_Transaction, KafkaCommittable]):
         self.transactional_id = sink.transactional_id(context, context.subtask_index)
         self._producer: Any = None
         self._errors: list[str] = []
+        self._reader: Any = None  # a consumer for end offsets (EXACTLY_ONCE)
+        self._bounds: dict[int, int] = {}  # the end offsets measured last
 
     def begin_transaction(self, sequence: int) -> _Transaction:
         return _Transaction(sequence)
@@ -298,9 +343,34 @@ class _KafkaWriter(TransactionWriter[_Transaction, KafkaCommittable]):
                 for batch in transaction.batches:
                     stream.write_batch(batch)
             committable.records = sink.getvalue()
+            committable.start_offsets = self._start_offsets()
             return committable
         self.flush()
         return committable
+
+    def _start_offsets(self) -> dict[int, int]:
+        """End offsets of the topic now: no record of a committable pre-committed now can
+        land below them. When they cannot be read in time, those measured earlier (or
+        none: 0 everywhere), which are lower bounds too, only looser."""
+        try:
+            if self._reader is None:
+                self._reader = self.sink._consumer(
+                    self.label,
+                    {
+                        "group.id": "rayflow-kafka-sink-reader",
+                        "isolation.level": "read_uncommitted",
+                    },
+                )
+            self._bounds = end_offsets(self._reader, self.sink.topic, _BOUND_TIMEOUT_S)
+        except Exception as exc:  # noqa: BLE001 - an older bound is still right
+            log.warning(
+                "%s: end offsets of %r not read at pre-commit (%s); a recovery looks for "
+                "this commit's records from earlier offsets",
+                self.label,
+                self.sink.topic,
+                self.sink.settings.redact(str(exc)),
+            )
+        return dict(self._bounds)
 
     def flush(self) -> None:
         """Wait until every record produced so far is acknowledged; raise otherwise."""
@@ -326,6 +396,27 @@ class _KafkaWriter(TransactionWriter[_Transaction, KafkaCommittable]):
                 producer.flush(1.0)
             except Exception:  # noqa: BLE001 - closing
                 pass
+        reader, self._reader = self._reader, None
+        if reader is not None:
+            try:
+                reader.close()
+            except Exception:  # noqa: BLE001 - closing
+                pass
+
+
+def end_offsets(consumer: Any, topic: str, timeout_s: float) -> dict[int, int]:
+    """The end offset (high watermark) of each partition of ``topic``, read fresh."""
+    meta = consumer.list_topics(topic, timeout=timeout_s)
+    info = meta.topics.get(topic)
+    if info is None or info.error is not None or not info.partitions:
+        raise KafkaConnectorError(
+            f"topic {topic!r}: {info.error if info is not None else 'unknown'}"
+        )
+    tp = client_library().TopicPartition
+    return {
+        p: consumer.get_watermark_offsets(tp(topic, p), timeout=timeout_s, cached=False)[1]
+        for p in sorted(info.partitions)
+    }
 
 
 def _rows(records: pa.RecordBatch | pa.Table) -> Any:
@@ -401,7 +492,9 @@ class _Writer:
     producer: Any
     #: run -> the next sequence to commit (the marker), as read or as last committed
     markers: dict[str, int] = field(default_factory=dict)
-    #: runs whose next commit must first look for records an earlier attempt produced
+    #: runs whose next commit must first look for records an earlier producer of the id
+    #: sent (every run this producer has not committed for yet: its init_transactions
+    #: ended whatever transaction was open, which Tansu exposes instead of aborting)
     recovering: set[str] = field(default_factory=set)
 
 
@@ -461,8 +554,7 @@ class _KafkaCommitter(Committer[KafkaCommittable]):
             writer = self._writers[txn_id] = _Writer(producer)
         if run is not None and run not in writer.markers:
             writer.markers[run] = self._read_marker(committable)
-            if self._read_intent(committable) is not None:
-                writer.recovering.add(run)
+            writer.recovering.add(run)
         return writer
 
     def _marker_client(self, c: KafkaCommittable) -> Any:
@@ -473,12 +565,19 @@ class _KafkaCommitter(Committer[KafkaCommittable]):
         return client
 
     def _drop(self, txn_id: str) -> None:
-        """Forget a producer that failed half way (never aborted: see the module notes)."""
+        """Forget a producer that failed half way (never aborted: see the module notes).
+
+        Records it queued are dropped; those already sent are waited for (up to
+        ``_TIMEOUT_S``): the next try initialises the id with a new producer, and a
+        request of the old one that the broker processes meanwhile is refused by Apache
+        Kafka but can leave a transaction open for good on the test broker
+        (``test_tansu_deviation_fenced_produce_racing_init_can_hold_a_topic_back``)."""
         writer = self._writers.pop(txn_id, None)
         if writer is not None:
             try:
-                writer.producer.purge()
-            except Exception:  # noqa: BLE001
+                writer.producer.purge(in_queue=True, in_flight=False)
+                writer.producer.flush(_TIMEOUT_S)
+            except Exception:  # noqa: BLE001 - fenced or failed: answered already
                 pass
 
     def _read_marker(self, committable: KafkaCommittable) -> int:
@@ -520,32 +619,18 @@ class _KafkaCommitter(Committer[KafkaCommittable]):
         return sorted(info.partitions)
 
     def _end_offsets(self, topic: str) -> dict[int, int]:
-        consumer = self._consumer()
-        tp = client_library().TopicPartition
-        ends = {}
-        for p in self._partitions(topic):
-            try:
-                ends[p] = consumer.get_watermark_offsets(
-                    tp(topic, p), timeout=_TIMEOUT_S, cached=False
-                )[1]
-            except Exception as exc:  # noqa: BLE001
-                raise self._classify(f"end offsets of {topic!r}", exc) from None
-        return ends
-
-    def _write_intent(self, committable: KafkaCommittable) -> None:
-        """Before the first record: where this commit's records can land, at the lowest."""
-        ends = self._end_offsets(committable.topic)
-        client = self._group_client(_intent_group(committable), "read_uncommitted")
-        tp = client_library().TopicPartition
         try:
-            client.commit(
-                offsets=[tp(committable.topic, p, o) for p, o in ends.items()],
-                asynchronous=False,
-            )
+            return end_offsets(self._consumer(), topic, _TIMEOUT_S)
         except Exception as exc:  # noqa: BLE001
-            raise self._classify("writing the commit intent", exc) from None
-        finally:
-            client.close()
+            raise self._classify(f"end offsets of {topic!r}", exc) from None
+
+    def _scan_start(self, c: KafkaCommittable) -> dict[int, int]:
+        """Where records of ``c`` can be, at the lowest: its own start offsets; for a
+        committable of format 1, the intent an older version of this sink wrote before
+        its records (0 everywhere without one)."""
+        if c.start_offsets is not None:
+            return c.start_offsets
+        return self._read_intent(c) or {}
 
     def _visible(self, committable: KafkaCommittable, start: dict[int, int]) -> set[int]:
         """Indices of ``committable``'s records that read_committed consumers see,
@@ -567,10 +652,13 @@ class _KafkaCommitter(Committer[KafkaCommittable]):
                     raise _Retry(
                         f"looking for records of {self.committable_id(committable)} that an "
                         f"earlier attempt produced: partitions {sorted(todo)} of "
-                        f"{committable.topic!r} not readable to their end within "
-                        f"{_SCAN_TIMEOUT_S:.0f} s (held back by an open transaction?)"
+                        f"{committable.topic!r} gave nothing for {_SCAN_TIMEOUT_S:.0f} s "
+                        "short of their end (held back by an open transaction?)"
                     )
-                for msg in reader.consume(1000, 0.2):
+                messages = reader.consume(1000, 0.2)
+                if messages:
+                    deadline = time.monotonic() + _SCAN_TIMEOUT_S
+                for msg in messages:
                     error = msg.error()
                     if error is None:
                         for key, value in msg.headers() or ():
@@ -629,9 +717,7 @@ class _KafkaCommitter(Committer[KafkaCommittable]):
         table = c.table()
         skip: set[int] = set()
         if c.run in writer.recovering:
-            start = self._read_intent(c)
-            if start is not None:
-                skip = self._visible(c, start)
+            skip = self._visible(c, self._scan_start(c))
             self.found_visible += len(skip)
             if skip:
                 log.warning(
@@ -642,8 +728,6 @@ class _KafkaCommitter(Committer[KafkaCommittable]):
                     table.num_rows,
                     self.committable_id(c),
                 )
-        else:
-            self._write_intent(c)
         producer = writer.producer
         tp = client_library().TopicPartition
         try:
