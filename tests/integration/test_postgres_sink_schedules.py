@@ -380,3 +380,127 @@ def test_a_commit_that_finds_another_session_finishing_it_is_retried_not_failed(
     assert op.committer.commit(committable).status.name == "ALREADY_COMMITTED"
     op.close()
     assert table_rows(db) == [(1, 10)]
+
+
+# --- the same schedule in a real job ---------------------------------------------------------
+
+
+def test_a_job_cancelled_while_its_sink_recovers_commits_the_restored_checkpoint(db, tmp_path):
+    """A real run of the cancel-during-recovery schedule: the sink (one subtask, a
+    transaction every two batches, so a checkpoint holds several) is killed between
+    checkpoint 2's completion and its notification; attempt 1's recover thread commits
+    the first restored transaction and stalls (a slow thread); the job is cancelled
+    meanwhile. Every transaction the latest completed checkpoint holds must end
+    committed, none rolled back."""
+    from rayflow.errors import JobCancelledError
+    from rayflow.sink import RollingPolicy
+    from rayflow.testing import Fault, FaultPlan, FaultPoint
+    from tests.chaos.harness import build_keyed_sum, unique_job
+
+    with db.connect() as conn:
+        conn.execute("CREATE TABLE sums (key bigint NOT NULL, value bigint NOT NULL)")
+    sink = PostgresSink(
+        db.dsn,
+        "sums",
+        columns=["key", "value"],
+        delivery_guarantee=EO,
+        rolling_policy=RollingPolicy(max_part_size=20_000),  # a transaction per 2 batches
+    )
+    plan = FaultPlan(
+        [
+            Fault(FaultPoint.BEFORE_NOTIFY, attempt=0, vertex="committed", checkpoint=2),
+            Fault(
+                FaultPoint.SINK_DURING_COMMIT,
+                attempt=1,
+                vertex="committed",
+                action="sleep",
+                seconds=60,
+            ),
+        ]
+    )
+    env, _ = build_keyed_sum(
+        5_000_000,
+        1,
+        5000,
+        rate=50_000,
+        checkpoint_ms=1000,
+        storage=str(tmp_path),
+        sink=sink,
+        plan=plan,
+    )
+    job = unique_job("pg-cancel-in-recovery")
+    client = env.execute_async(job)
+    try:
+        held = _cancel_once_recovery_stalls(client, db, sink, str(tmp_path), job)
+    except BaseException:
+        client.cancel(timeout=120)  # never leave the job running past the test
+        raise
+    with pytest.raises(JobCancelledError):
+        client.wait()
+    assert len(held) >= 2, held  # the schedule needs a checkpoint of several transactions
+    with db.connect() as conn:
+        status = {
+            c.gid: conn.execute("SELECT txid_status(%s)", (c.txid,)).fetchone()[0] for c in held
+        }
+    assert prepared(db) == []
+    assert set(status.values()) == {"committed"}, status
+
+
+def _held_by_latest_checkpoint(sink, root: str, job: str) -> list:
+    """The committables the sink's state holds in the job's latest completed checkpoint."""
+    from rayflow.checkpoint.storage import JobStorage
+    from rayflow.runtime.channel_state import decode_snapshot
+
+    latest = JobStorage(root, job).latest()
+    if latest is None:
+        return []
+    storage, meta = latest
+    serializer = sink.committable_serializer()
+    held = []
+    for entry in meta.subtasks.values():
+        state = decode_snapshot(storage.read_blob(entry.path))[0].get("committed")
+        if state:
+            encoded = [e for cs in state["pending"].values() for e in cs] + state["due"]
+            held += [serializer.decode(version, data) for version, data in encoded]
+    return held
+
+
+def _cancel_once_recovery_stalls(client, db, sink, root: str, job: str) -> list:
+    """Cancel the job once attempt 1's recovery has committed some, not all, of the
+    transactions the restored checkpoint holds (its recover thread stalls after a
+    commit); returns those committables. The restored checkpoint is read from the job's
+    storage once attempt 1 runs: attempt 1 completes no checkpoint while it recovers."""
+    held: list = []
+    stalled: set[str] | None = None
+    deadline = time.monotonic() + 120
+    with db.connect() as conn:
+        while True:
+            status = client._master_status()
+            if status["attempt"] >= 1:
+                held = held or _held_by_latest_checkpoint(sink, root, job)
+                gids = {c.gid for c in held}
+                current = {
+                    row[0]
+                    for row in conn.execute(
+                        "SELECT gid FROM pg_prepared_xacts WHERE gid = ANY(%s)", (list(gids),)
+                    )
+                }
+                if current and (gids - current):
+                    if current == stalled:
+                        break  # unchanged for half a second: the recover thread stalls
+                    stalled = current
+                    time.sleep(0.5)
+                    continue
+                if held and not current:
+                    pytest.fail(
+                        f"attempt 1 committed all {len(held)} restored transactions "
+                        "without stalling"
+                    )
+            if time.monotonic() > deadline:
+                pytest.fail(
+                    f"the schedule never came: job {status['state']} attempt "
+                    f"{status['attempt']}; restored: {[c.gid for c in held]}"
+                )
+            time.sleep(0.02)
+    client.cancel(timeout=None)
+    return held
