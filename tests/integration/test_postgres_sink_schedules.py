@@ -504,3 +504,55 @@ def _cancel_once_recovery_stalls(client, db, sink, root: str, job: str) -> list:
             time.sleep(0.02)
     client.cancel(timeout=None)
     return held
+
+
+# --- two runs of one job name on two Ray clusters, in real jobs ----------------------------------
+
+
+def test_a_second_live_run_of_a_job_name_refuses_to_run_next_to_the_first(
+    db, tmp_path, monkeypatch
+):
+    """Run A of a job writes into a table; run B of the same job name starts on another
+    Ray cluster (here: the same one, without the cluster's run lock, which a second
+    cluster does not see) with the same storage and sink. B must refuse to run while A
+    lives: otherwise B rolls back what A prepared as lingering (A's completed
+    checkpoints lose their rows), and both write every row. A ends with every row once
+    and no prepared transaction left."""
+    import rayflow.environment as environment
+    from rayflow.errors import JobFailedError
+    from tests.chaos.harness import build_keyed_sum, expected_rows, unique_job
+
+    monkeypatch.setattr(environment, "acquire_run_lock", lambda job_name, run_id: None)
+    with db.connect() as conn:
+        conn.execute("CREATE TABLE sums (key bigint NOT NULL, value bigint NOT NULL)")
+    n, batch = 300_000, 5000
+
+    def run_of_the_job():
+        sink = PostgresSink(db.dsn, "sums", columns=["key", "value"], delivery_guarantee=EO)
+        env, _ = build_keyed_sum(
+            n, 1, batch, rate=30_000, checkpoint_ms=300, storage=str(tmp_path), sink=sink
+        )
+        return env
+
+    job = unique_job("pg-two-clusters")
+    first = run_of_the_job().execute_async(job)
+    try:
+        deadline = time.monotonic() + 60
+        while not any(c["status"] == "COMPLETED" for c in first.checkpoints()):
+            assert time.monotonic() < deadline, "run A completed no checkpoint"
+            time.sleep(0.05)
+        second = run_of_the_job().execute_async(job)
+        try:
+            with pytest.raises(JobFailedError, match="another run"):
+                second.wait()
+        finally:
+            second.cancel(timeout=120)
+        first.wait()
+    finally:
+        first.cancel(timeout=120)
+    with db.connect() as conn:
+        rows, distinct = conn.execute(
+            "SELECT count(*), count(DISTINCT (key, value)) FROM sums"
+        ).fetchone()
+    assert prepared(db) == []
+    assert rows == distinct == expected_rows(n, 1, batch)
