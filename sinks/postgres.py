@@ -23,6 +23,13 @@ Arrow; values never become SQL text). EXACTLY_ONCE:
   finished or cancelled job leaves no prepared transaction behind.
 * PREPARE TRANSACTION needs ``max_prepared_transactions > 0`` on the server; with 0 the
   job fails when it starts, naming the setting.
+* one live run per job name and sink in a database, whichever Ray cluster it runs on:
+  every session of a run holds the run's advisory lock (shared), and a session that finds
+  another run's lock held refuses to run (:class:`PostgresRunConflictError`, not
+  recoverable) before it commits or rolls back anything, so a fresh run never rolls back
+  what a live run of the same name prepared. A run between two attempts holds no session
+  for a moment: a run that starts right then takes over, and the older run's next
+  attempt is refused.
 
 AT_LEAST_ONCE and NONE commit at the barrier (and when a transaction rolls), with a plain
 COMMIT.
@@ -49,11 +56,13 @@ errors or ``explain()``.
 from __future__ import annotations
 
 import enum
+import hashlib
 import json
 import logging
 import re
+import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import quote, quote_plus
 
@@ -61,6 +70,7 @@ import pyarrow as pa
 import pyarrow.csv as pcsv
 
 from rayflow.guarantees import CheckpointingFacts, DeliveryGuarantee, GuaranteeResolution
+from rayflow.recoverability import NonRecoverableError
 from rayflow.sink import (
     CommitOutcome,
     CommittableSerializer,
@@ -80,6 +90,7 @@ __all__ = [
     "PostgresCommittable",
     "PostgresCommittableSerializer",
     "PostgresSinkError",
+    "PostgresRunConflictError",
     "UpsertMode",
 ]
 
@@ -89,6 +100,10 @@ log = logging.getLogger("rayflow.sinks.postgres")
 MAX_GID = 199
 #: how often the server checks that a writer's client is still there while it works
 CLIENT_CHECK_MS = 1000
+#: how long a session waits for another run's sessions of the same sink to go before it
+#: refuses to run next to that run (a run that has just ended leaves its sessions at the
+#: server for a moment, until the server sees their clients gone)
+LIVE_RUN_WAIT_S = 5.0
 _LINE = re.compile(r"\bline (\d+)")
 
 
@@ -101,6 +116,18 @@ class PostgresSinkError(RuntimeError):
         self.sqlstate = sqlstate
         #: 1-based position of the refused row in the batch being written (None: unknown)
         self.row = row
+
+
+class PostgresRunConflictError(PostgresSinkError, NonRecoverableError):
+    """Another run of the same job name writes through the same PostgresSink into the same
+    database right now (from another Ray cluster, say): this run refuses to run next to
+    it. No restart can fix that while the other run lives."""
+
+
+def _lock_key(text: str) -> int:
+    """A 31-bit advisory lock key for ``text``."""
+    digest = hashlib.blake2b(text.encode("utf-8"), digest_size=4).digest()
+    return int.from_bytes(digest, "big") & 0x7FFFFFFF
 
 
 def _psycopg() -> Any:
@@ -444,6 +471,67 @@ class PostgresSink(_Target, TwoPhaseCommittingSink[_PgTransaction, PostgresCommi
             raise ValueError(f"PostgresSink: transaction id {gid!r} is longer than {MAX_GID}")
         return gid
 
+    # --- one live run per job name and sink: the run lock in the database -----------------
+
+    def run_lock_keys(self, context: SinkContext) -> tuple[int, int]:
+        """The advisory lock (two int4 keys) every session of ``context`` 's run holds,
+        shared: this sink of this job (every subtask), and the run."""
+        operator = self.gid_prefix(replace(context, subtask_index=0))[: -len("0000_")]
+        return _lock_key(operator), _lock_key(context.run_id)
+
+    def _hold_run(self, conn: Any, context: SinkContext | None, name: str) -> None:
+        """Take this run's lock on session ``conn`` (for the session's life) and refuse to
+        run while a session of another run of this job's sink holds its own.
+
+        Every session a run opens to write, commit or roll back holds the run's lock, so
+        a run with a live session is found for sure. A run that finds another waits up
+        to ``LIVE_RUN_WAIT_S`` (an ended run's sessions go a moment after its
+        processes), then drops its session and raises :class:`PostgresRunConflictError`
+        before it touched anything: it never rolls back what a live run prepared. (A run
+        between two attempts has no session for a moment; one that starts then takes
+        over, and the older run's next attempt is the one refused.)"""
+        if context is None or not context.run_id:
+            return
+        if self.guarantee_in(context) is not DeliveryGuarantee.EXACTLY_ONCE:
+            return
+        keys = self.run_lock_keys(context)
+        psycopg = _psycopg()
+        deadline = time.monotonic() + LIVE_RUN_WAIT_S
+        try:
+            conn.execute("SELECT pg_advisory_lock_shared(%s, %s)", keys)
+            while True:
+                others = conn.execute(
+                    "SELECT DISTINCT coalesce(a.application_name, '') FROM pg_locks l "
+                    "LEFT JOIN pg_stat_activity a ON a.pid = l.pid "
+                    "WHERE l.locktype = 'advisory' AND l.objsubid = 2 AND l.granted "
+                    "AND l.database = (SELECT oid FROM pg_database "
+                    "WHERE datname = current_database()) "
+                    "AND l.classid::bigint = %s AND l.objid::bigint <> %s",
+                    keys,
+                ).fetchall()
+                if not conn.autocommit:
+                    conn.commit()  # the lock is the session's; no transaction stays open
+                if not others or time.monotonic() > deadline:
+                    break
+                time.sleep(0.2)
+        except psycopg.Error as exc:
+            conn.close()
+            raise PostgresSinkError(
+                f"{self._label(name)}: taking the run's lock: {self._describe_error(exc)}",
+                getattr(exc, "sqlstate", None),
+            ) from None
+        if others:
+            conn.close()  # gives up this run's lock at once: the live run goes on
+            sessions = ", ".join(sorted(repr(row[0]) for row in others))
+            raise PostgresRunConflictError(
+                f"{self._label(name)}: another run of job {context.job_name!r} writes "
+                f"through this sink into the same database right now (its sessions: "
+                f"{sessions}); run {context.run_id} refuses to run next to it: it would "
+                "roll back what that run prepared and write every row a second time. "
+                "Wait for that run to end, cancel it, or run this one under another "
+                "job name."
+            )
+
     # --- the driver -----------------------------------------------------------------------
 
     def setup(self, job_name: str, guarantee: GuaranteeResolution | None = None) -> None:
@@ -501,10 +589,12 @@ class _PgWriter(TransactionWriter[_PgTransaction, PostgresCommittable]):
 
     def _connection(self) -> Any:
         if self.conn is None or self.conn.closed:
-            self.conn = self.sink._connect(
+            conn = self.sink._connect(
                 self.name, _application_name(self.context, "writer"), autocommit=False
             )
-            self.sink._watch_client(self.conn)
+            self.sink._watch_client(conn)
+            self.sink._hold_run(conn, self.context, self.name)
+            self.conn = conn
             if self.guarantee is DeliveryGuarantee.EXACTLY_ONCE:
                 try:
                     self.sink._check_prepared_transactions(self.conn, self.name)
@@ -615,9 +705,11 @@ class _PgCommitter(Committer[PostgresCommittable]):
 
     def _connection(self) -> Any:
         if self.conn is None or self.conn.closed:
-            self.conn = self.sink._connect(
+            conn = self.sink._connect(
                 self.name, _application_name(self.context, "committer"), autocommit=True
             )
+            self.sink._hold_run(conn, self.context, self.name)
+            self.conn = conn
         return self.conn
 
     def _drop(self) -> None:
@@ -638,6 +730,8 @@ class _PgCommitter(Committer[PostgresCommittable]):
             conn = self._connection()
             conn.execute(sql.SQL("COMMIT PREPARED {}").format(sql.Literal(gid)))
             return CommitOutcome.committed()
+        except PostgresRunConflictError as exc:  # another run lives: no retry helps
+            return CommitOutcome.failed(str(exc), exc)
         except PostgresSinkError as exc:  # cannot connect now
             return CommitOutcome.retry_later(str(exc), exc)
         except psycopg.errors.UndefinedObject:

@@ -25,6 +25,7 @@ from rayflow.runtime.fence import AttemptFence, StaleAttemptError
 from rayflow.runtime.operators import OperatorContext
 from rayflow.runtime.sink_operator import TwoPhaseCommitSinkOperator
 from rayflow.sink import CommitOutcome
+from sinks import postgres
 from sinks.postgres import PostgresSink, PostgresUpsertSink
 
 pytest.importorskip("psycopg")
@@ -301,27 +302,20 @@ def test_a_rerun_at_a_lower_parallelism_leaves_nothing_of_a_crashed_run_behind(d
 # --- two runs of one job name at once ----------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the run lock holds one run per job name on one Ray cluster only; the "
-    "PostgreSQL sink has no lock of its own in the database, and a fresh run rolls back "
-    "every prepared transaction of its subtask prefix, whichever run prepared it",
-)
-def test_a_fresh_run_never_rolls_back_what_a_live_run_of_the_same_name_prepared(db):
+def test_a_fresh_run_never_rolls_back_what_a_live_run_of_the_same_name_prepared(db, monkeypatch):
     """Two runs of one job name against one database, from two Ray clusters (yesterday's
     nightly run still going on the old cluster when today's starts on a new one): run B
     starts fresh and recovers; run A's checkpoint 5 has completed and its commit is on
     its way. B must not roll back what A prepared (A's rows would be lost, and A fails
     for good on every restore of checkpoint 5); it should refuse to run instead."""
+    monkeypatch.setattr(postgres, "LIVE_RUN_WAIT_S", 0.5)
     a = operator(PostgresSink(db.dsn, "t", delivery_guarantee=EO), run_id="run-1-aa")
     a.recover(None)
     a.process(rows([1]))
     a.snapshot_state(5)
     b = operator(PostgresSink(db.dsn, "t", delivery_guarantee=EO), run_id="run-2-bb")
-    try:
+    with pytest.raises(postgres.PostgresRunConflictError, match="another run"):
         b.recover(None)
-    except Exception:  # noqa: BLE001 - refusing to run next to a live run is fine
-        pass
     a.notify_checkpoint_complete(5)
     a.close()
     b.close()
@@ -525,12 +519,12 @@ def test_a_second_live_run_of_a_job_name_refuses_to_run_next_to_the_first(
     monkeypatch.setattr(environment, "acquire_run_lock", lambda job_name, run_id: None)
     with db.connect() as conn:
         conn.execute("CREATE TABLE sums (key bigint NOT NULL, value bigint NOT NULL)")
-    n, batch = 300_000, 5000
+    n, batch = 400_000, 5000  # run A takes 20 s: it still runs when run B has started
 
     def run_of_the_job():
         sink = PostgresSink(db.dsn, "sums", columns=["key", "value"], delivery_guarantee=EO)
         env, _ = build_keyed_sum(
-            n, 1, batch, rate=30_000, checkpoint_ms=300, storage=str(tmp_path), sink=sink
+            n, 1, batch, rate=20_000, checkpoint_ms=300, storage=str(tmp_path), sink=sink
         )
         return env
 
