@@ -503,37 +503,50 @@ def _cancel_once_recovery_stalls(client, db, sink, root: str, job: str) -> list:
 # --- two runs of one job name on two Ray clusters, in real jobs ----------------------------------
 
 
-def test_a_second_live_run_of_a_job_name_refuses_to_run_next_to_the_first(
+def test_a_second_run_of_a_job_name_refuses_to_run_while_the_first_restarts(
     db, tmp_path, monkeypatch
 ):
-    """Run A of a job writes into a table; run B of the same job name starts on another
-    Ray cluster (here: the same one, without the cluster's run lock, which a second
-    cluster does not see) with the same storage and sink. B must refuse to run while A
-    lives: otherwise B rolls back what A prepared as lingering (A's completed
-    checkpoints lose their rows), and both write every row. A ends with every row once
-    and no prepared transaction left."""
+    """Run A of a job writes into a table; its sink subtask dies between checkpoint 1's
+    completion and its notification (checkpoint 1's transaction stays prepared), and A
+    waits its restart delay: no process of A has a database session then. Run B of the
+    same job name starts meanwhile on another Ray cluster (here: the same one, without
+    the cluster's run lock, which a second cluster does not see), with the same storage
+    and sink. B must refuse to run: otherwise it rolls back checkpoint 1's transaction
+    as lingering (A's restore of checkpoint 1 then fails: its rows are lost), and both
+    runs write every row. A ends with every row once and no prepared transaction left."""
     import rayflow.environment as environment
     from rayflow.errors import JobFailedError
+    from rayflow.status import JobState
+    from rayflow.testing import Fault, FaultPlan, FaultPoint
     from tests.chaos.harness import build_keyed_sum, expected_rows, unique_job
 
     monkeypatch.setattr(environment, "acquire_run_lock", lambda job_name, run_id: None)
     with db.connect() as conn:
         conn.execute("CREATE TABLE sums (key bigint NOT NULL, value bigint NOT NULL)")
-    n, batch = 400_000, 5000  # run A takes 20 s: it still runs when run B has started
+    n, batch = 100_000, 5000
 
-    def run_of_the_job():
+    def run_of_the_job(plan=None, restart_delay_ms=50):
         sink = PostgresSink(db.dsn, "sums", columns=["key", "value"], delivery_guarantee=EO)
         env, _ = build_keyed_sum(
-            n, 1, batch, rate=20_000, checkpoint_ms=300, storage=str(tmp_path), sink=sink
+            n,
+            1,
+            batch,
+            rate=20_000,
+            checkpoint_ms=300,
+            storage=str(tmp_path),
+            sink=sink,
+            plan=plan,
+            restart_delay_ms=restart_delay_ms,
         )
         return env
 
     job = unique_job("pg-two-clusters")
-    first = run_of_the_job().execute_async(job)
+    plan = FaultPlan([Fault(FaultPoint.BEFORE_NOTIFY, attempt=0, vertex="committed")])
+    first = run_of_the_job(plan, restart_delay_ms=8000).execute_async(job)
     try:
         deadline = time.monotonic() + 60
-        while not any(c["status"] == "COMPLETED" for c in first.checkpoints()):
-            assert time.monotonic() < deadline, "run A completed no checkpoint"
+        while first._master_status()["state"] != JobState.RESTARTING:
+            assert time.monotonic() < deadline, "run A never restarted"
             time.sleep(0.05)
         second = run_of_the_job().execute_async(job)
         try:
@@ -541,9 +554,10 @@ def test_a_second_live_run_of_a_job_name_refuses_to_run_next_to_the_first(
                 second.wait()
         finally:
             second.cancel(timeout=120)
-        first.wait()
+        result = first.wait()
     finally:
         first.cancel(timeout=120)
+    assert result.restarts == 1
     with db.connect() as conn:
         rows, distinct = conn.execute(
             "SELECT count(*), count(DISTINCT (key, value)) FROM sums"
