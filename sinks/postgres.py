@@ -24,12 +24,13 @@ Arrow; values never become SQL text). EXACTLY_ONCE:
 * PREPARE TRANSACTION needs ``max_prepared_transactions > 0`` on the server; with 0 the
   job fails when it starts, naming the setting.
 * one live run per job name and sink in a database, whichever Ray cluster it runs on:
-  every session of a run holds the run's advisory lock (shared), and a session that finds
-  another run's lock held refuses to run (:class:`PostgresRunConflictError`, not
-  recoverable) before it commits or rolls back anything, so a fresh run never rolls back
-  what a live run of the same name prepared. A run between two attempts holds no session
-  for a moment: a run that starts right then takes over, and the older run's next
-  attempt is refused.
+  every session of a run holds the run's advisory lock (shared), the job master's too
+  (``hold_run``: from before the first attempt until the run is cleaned up, so a run
+  waiting between two attempts is found), and a session that finds another run's lock
+  held refuses to run (:class:`PostgresRunConflictError`, not recoverable) before it
+  commits or rolls back anything: a fresh run never rolls back what a live run of the
+  same name prepared. Left: while a run's job master is being replaced, none of its
+  processes holds the lock.
 
 AT_LEAST_ONCE and NONE commit at the barrier (and when a transaction rolls), with a plain
 COMMIT.
@@ -76,6 +77,7 @@ from rayflow.sink import (
     CommittableSerializer,
     Committer,
     RollingPolicy,
+    RunHold,
     Sink,
     SinkContext,
     SinkWriter,
@@ -104,6 +106,9 @@ CLIENT_CHECK_MS = 1000
 #: refuses to run next to that run (a run that has just ended leaves its sessions at the
 #: server for a moment, until the server sees their clients gone)
 LIVE_RUN_WAIT_S = 5.0
+#: server-side TCP keepalives of a session holding a run's lock: the lock of a client
+#: whose machine vanished without closing its connection goes within about 25 s
+_KEEPALIVE = {"tcp_keepalives_idle": 10, "tcp_keepalives_interval": 5, "tcp_keepalives_count": 3}
 _LINE = re.compile(r"\bline (\d+)")
 
 
@@ -388,6 +393,19 @@ def _select(batch: pa.RecordBatch, columns: Sequence[str], label: str) -> pa.Rec
 # --- PostgresSink: two-phase commit ----------------------------------------------------------
 
 
+class _RunHold(RunHold):
+    """A session that holds a run's lock; closing it lets the lock go."""
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+
+    def close(self) -> None:
+        try:
+            self.conn.close()
+        except Exception:  # noqa: BLE001 - a broken session lets the lock go too
+            pass
+
+
 @dataclass(frozen=True)
 class PostgresCommittable:
     """One database transaction of a subtask: its prepared id (None when it was committed
@@ -479,6 +497,17 @@ class PostgresSink(_Target, TwoPhaseCommittingSink[_PgTransaction, PostgresCommi
         operator = self.gid_prefix(replace(context, subtask_index=0))[: -len("0000_")]
         return _lock_key(operator), _lock_key(context.run_id)
 
+    def hold_run(self, context: SinkContext) -> _RunHold | None:
+        """The job master's session holding the run's lock for the whole run, so that a
+        run waiting between two attempts (no subtask connected) is found too; raises
+        :class:`PostgresRunConflictError` when another run lives."""
+        if not context.run_id or self.guarantee_in(context) is not DeliveryGuarantee.EXACTLY_ONCE:
+            return None
+        name = context.operator_name
+        conn = self._connect(name, _application_name(context, "run"), autocommit=True)
+        self._hold_run(conn, context, name)
+        return _RunHold(conn)
+
     def _hold_run(self, conn: Any, context: SinkContext | None, name: str) -> None:
         """Take this run's lock on session ``conn`` (for the session's life) and refuse to
         run while a session of another run of this job's sink holds its own.
@@ -487,9 +516,8 @@ class PostgresSink(_Target, TwoPhaseCommittingSink[_PgTransaction, PostgresCommi
         a run with a live session is found for sure. A run that finds another waits up
         to ``LIVE_RUN_WAIT_S`` (an ended run's sessions go a moment after its
         processes), then drops its session and raises :class:`PostgresRunConflictError`
-        before it touched anything: it never rolls back what a live run prepared. (A run
-        between two attempts has no session for a moment; one that starts then takes
-        over, and the older run's next attempt is the one refused.)"""
+        before it touched anything: it never rolls back what a live run prepared. (Between
+        two attempts the job master's session holds it: :meth:`hold_run`.)"""
         if context is None or not context.run_id:
             return
         if self.guarantee_in(context) is not DeliveryGuarantee.EXACTLY_ONCE:
@@ -498,6 +526,8 @@ class PostgresSink(_Target, TwoPhaseCommittingSink[_PgTransaction, PostgresCommi
         psycopg = _psycopg()
         deadline = time.monotonic() + LIVE_RUN_WAIT_S
         try:
+            for setting, value in _KEEPALIVE.items():  # a vanished client's lock goes soon
+                conn.execute(f"SET {setting} = {value}")
             conn.execute("SELECT pg_advisory_lock_shared(%s, %s)", keys)
             while True:
                 others = conn.execute(
