@@ -44,6 +44,12 @@ Two kinds of sink:
   limit), so a checkpoint interval + timeout longer than that is refused when the job
   is built.
 
+  ``hold_run(context)`` (optional) marks a run live in the target for the whole run: the
+  job master takes it before the first attempt and lets it go once the run is cleaned
+  up, so a sink that refuses to run next to another live run of its job name (one on
+  another Ray cluster, which the cluster's run lock does not see) finds a run that waits
+  between two attempts too.
+
 Delivery guarantees, one rule for every sink: each sink declares the
 :class:`~rayflow.guarantees.DeliveryGuarantee` s it can really give
 (``supported_guarantees``). Left open (``delivery_guarantee=None``, the default of every
