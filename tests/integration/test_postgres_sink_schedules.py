@@ -564,3 +564,45 @@ def test_a_second_run_of_a_job_name_refuses_to_run_while_the_first_restarts(
         ).fetchone()
     assert prepared(db) == []
     assert rows == distinct == expected_rows(n, 1, batch)
+
+
+# --- a key repeated across two checkpoints of a unique table ------------------------------------
+
+
+def test_a_key_repeated_in_the_next_checkpoint_fails_instead_of_waiting_on_itself(db, monkeypatch):
+    """The table has a primary key; the stream writes key 1 before checkpoint 1's barrier
+    (its transaction is prepared, holding the key) and again after it, before checkpoint
+    1's notification is handled. The second COPY waits for the prepared transaction,
+    which only this subtask's mailbox commits, and the mailbox is the one waiting: the
+    subtask hangs until the checkpoint timeout fails the attempt. It must fail soon
+    instead, saying why (a unique key written again while its first write is prepared),
+    and leave the prepared transaction for the restored checkpoint to commit."""
+    import threading
+
+    with db.connect() as conn:
+        conn.execute("CREATE TABLE pk (k bigint PRIMARY KEY, v bigint)")
+    monkeypatch.setattr(postgres, "WRITER_LOCK_TIMEOUT_S", 1.0, raising=False)
+    sink = PostgresSink(db.dsn, "pk", delivery_guarantee=EO)
+    op = operator(sink)
+    op.process(rows([1]))
+    op.snapshot_state(1)
+    outcome: list = []
+
+    def write_again():
+        try:
+            op.process(rows([1]))
+            outcome.append("written")
+        except Exception as exc:  # noqa: BLE001 - the error is what the test looks at
+            outcome.append(exc)
+
+    writer = threading.Thread(target=write_again, daemon=True)
+    writer.start()
+    writer.join(20)
+    assert not writer.is_alive(), "the subtask waits on its own prepared transaction"
+    [error] = outcome
+    assert isinstance(error, postgres.PostgresSinkError), error
+    assert "unique" in str(error) and "prepared" in str(error), error
+    assert len(prepared(db)) == 1  # checkpoint 1's transaction stays for its commit
+    op.notify_checkpoint_complete(1)
+    op.close()
+    assert table_rows(db, "pk") == [(1, 10)]
