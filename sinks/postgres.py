@@ -106,6 +106,11 @@ CLIENT_CHECK_MS = 1000
 #: refuses to run next to that run (a run that has just ended leaves its sessions at the
 #: server for a moment, until the server sees their clients gone)
 LIVE_RUN_WAIT_S = 5.0
+#: how long a writer waits for a lock before it fails (``lock_timeout``), unless the sink
+#: says otherwise: a row that repeats a unique key of a transaction this subtask prepared
+#: and has not committed yet waits for that transaction, which only this subtask's mailbox
+#: (the one waiting) commits
+WRITER_LOCK_TIMEOUT_S = 30.0
 #: server-side TCP keepalives of a session holding a run's lock: the lock of a client
 #: whose machine vanished without closing its connection goes within about 25 s
 _KEEPALIVE = {"tcp_keepalives_idle": 10, "tcp_keepalives_interval": 5, "tcp_keepalives_count": 3}
@@ -448,6 +453,11 @@ class PostgresSink(_Target, TwoPhaseCommittingSink[_PgTransaction, PostgresCommi
     ``rolling_policy``: by default one transaction per checkpoint (no size or age
     rolling). ``max_transaction_lifetime_s``: how long the server lets a transaction stay
     open (``idle_in_transaction_session_timeout``), if it limits that.
+    ``lock_timeout_s``: how long a write waits for a lock before the attempt fails
+    (None: ``WRITER_LOCK_TIMEOUT_S``; 0: no limit). A row that repeats a unique key of
+    a transaction this subtask prepared for a checkpoint whose notification it has not
+    handled yet waits for it, and only this subtask commits it: without the limit the
+    subtask would wait on itself until the checkpoint timeout.
     """
 
     def __init__(
@@ -459,6 +469,7 @@ class PostgresSink(_Target, TwoPhaseCommittingSink[_PgTransaction, PostgresCommi
         rolling_policy: RollingPolicy | None = None,
         connect_timeout: float = 10.0,
         max_transaction_lifetime_s: float | None = None,
+        lock_timeout_s: float | None = None,
     ) -> None:
         super().__init__(
             delivery_guarantee,
@@ -466,6 +477,10 @@ class PostgresSink(_Target, TwoPhaseCommittingSink[_PgTransaction, PostgresCommi
         )
         self._init_target("PostgresSink", dsn, table, columns, connect_timeout)
         self.max_transaction_lifetime_s = max_transaction_lifetime_s
+        if lock_timeout_s is not None and lock_timeout_s < 0:
+            raise ValueError(f"PostgresSink: lock_timeout_s must be >= 0, got {lock_timeout_s}")
+        #: how long a write waits for a lock (None: ``WRITER_LOCK_TIMEOUT_S``; 0: forever)
+        self.lock_timeout_s = lock_timeout_s
 
     def __repr__(self) -> str:
         return (
@@ -623,6 +638,7 @@ class _PgWriter(TransactionWriter[_PgTransaction, PostgresCommittable]):
                 self.name, _application_name(self.context, "writer"), autocommit=False
             )
             self.sink._watch_client(conn)
+            self._limit_lock_waits(conn)
             self.sink._hold_run(conn, self.context, self.name)
             self.conn = conn
             if self.guarantee is DeliveryGuarantee.EXACTLY_ONCE:
@@ -631,6 +647,18 @@ class _PgWriter(TransactionWriter[_PgTransaction, PostgresCommittable]):
                 finally:
                     self.conn.rollback()
         return self.conn
+
+    def _lock_timeout_s(self) -> float:
+        given = self.sink.lock_timeout_s
+        return WRITER_LOCK_TIMEOUT_S if given is None else given
+
+    def _limit_lock_waits(self, conn: Any) -> None:
+        try:
+            conn.execute(f"SET lock_timeout = {int(self._lock_timeout_s() * 1000)}")
+            conn.commit()
+        except _psycopg().Error as exc:  # a safeguard, not a requirement
+            log.warning("%s: %s", self.label, self.sink._describe_error(exc))
+            conn.rollback()
 
     def begin_transaction(self, sequence: int) -> _PgTransaction:
         return _PgTransaction(sequence)
@@ -652,13 +680,21 @@ class _PgWriter(TransactionWriter[_PgTransaction, PostgresCommittable]):
                 copy.write(data)
         except psycopg.Error as exc:
             self._rollback()
-            raise self.sink._row_error(
-                exc,
-                self.name,
-                batch.num_rows,
+            what = (
                 f"writing into transaction {transaction.sequence} of subtask "
-                f"{self.context.subtask_index} (after its first {transaction.rows} rows)",
-            ) from None
+                f"{self.context.subtask_index} (after its first {transaction.rows} rows)"
+            )
+            if getattr(exc, "sqlstate", None) == "55P03":  # lock_not_available
+                raise PostgresSinkError(
+                    f"{self.label}: {what}: waited more than {self._lock_timeout_s():g} s "
+                    "for a lock. Most likely a row of this batch repeats a unique key that "
+                    "a transaction of this subtask holds, prepared for a checkpoint and not "
+                    "committed yet (a key written in two checkpoints: write updates with "
+                    "PostgresUpsertSink); else another session locks the table "
+                    f"({self.sink._describe_error(exc)})",
+                    "55P03",
+                ) from None
+            raise self.sink._row_error(exc, self.name, batch.num_rows, what) from None
         transaction.rows += batch.num_rows
         transaction.size += len(data)
 
