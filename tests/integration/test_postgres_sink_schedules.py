@@ -606,3 +606,45 @@ def test_a_key_repeated_in_the_next_checkpoint_fails_instead_of_waiting_on_itsel
     op.notify_checkpoint_complete(1)
     op.close()
     assert table_rows(db, "pk") == [(1, 10)]
+
+
+# --- a restore at a lower parallelism ------------------------------------------------------------
+
+
+def test_a_restore_at_a_lower_parallelism_commits_every_old_subtasks_checkpoint(db):
+    """A run at parallelism 3 completes checkpoint 5 and dies before any subtask is told;
+    each old subtask also prepared a transaction for checkpoint 6, which never completed.
+    The job is restored from checkpoint 5 at parallelism 2: subtask 0 takes the state of
+    old subtasks 0 and 2, subtask 1 that of old subtask 1 (index % parallelism). Every
+    transaction of checkpoint 5 must be committed, every one of checkpoint 6 rolled
+    back, whichever new subtask sweeps first."""
+    states = []
+    for subtask in range(3):
+        old = operator(
+            PostgresSink(db.dsn, "t", delivery_guarantee=EO),
+            subtask=subtask,
+            parallelism=3,
+            run_id="run-1-aa",
+        )
+        old.process(rows([subtask]))
+        states.append(pickle.loads(pickle.dumps(old.snapshot_state(5))))
+        old.process(rows([100 + subtask]))
+        old.snapshot_state(6)  # never completes
+        old.close()
+    assert len(prepared(db)) == 6
+    restored = []
+    for subtask in (1, 0):  # subtask 1 sweeps before subtask 0 has committed old 2's
+        new = operator(
+            PostgresSink(db.dsn, "t", delivery_guarantee=EO),
+            attempt=1,
+            subtask=subtask,
+            parallelism=2,
+            run_id="run-1-aa",
+        )
+        new.restore_state([s for i, s in enumerate(states) if i % 2 == subtask])
+        new.recover(5)
+        restored.append(new)
+    for new in restored:
+        new.close()
+    assert table_rows(db) == [(0, 0), (1, 10), (2, 20)]
+    assert prepared(db) == []
