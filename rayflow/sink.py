@@ -44,6 +44,12 @@ Two kinds of sink:
   limit), so a checkpoint interval + timeout longer than that is refused when the job
   is built.
 
+  ``hold_run(context)`` (optional) marks a run live in the target for the whole run: the
+  job master takes it before the first attempt and lets it go once the run is cleaned
+  up, so a sink that refuses to run next to another live run of its job name (one on
+  another Ray cluster, which the cluster's run lock does not see) finds a run that waits
+  between two attempts too.
+
 Delivery guarantees, one rule for every sink: each sink declares the
 :class:`~rayflow.guarantees.DeliveryGuarantee` s it can really give
 (``supported_guarantees``). Left open (``delivery_guarantee=None``, the default of every
@@ -103,6 +109,7 @@ __all__ = [
     "CommittableSerializer",
     "UnknownCommittableVersionError",
     "RollingPolicy",
+    "RunHold",
     "UnsupportedGuaranteeError",
 ]
 
@@ -458,6 +465,14 @@ class Committer(abc.ABC, Generic[CommT]):
         """Release clients and connections."""
 
 
+class RunHold(abc.ABC):
+    """What :meth:`TwoPhaseCommittingSink.hold_run` returns: closed when the run is over."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Let the mark go (idempotent; must not raise)."""
+
+
 class TwoPhaseCommittingSink(Sink, Generic[TxnT, CommT]):
     """A sink that writes into transactions committed when a checkpoint completes.
 
@@ -513,6 +528,18 @@ class TwoPhaseCommittingSink(Sink, Generic[TxnT, CommT]):
     @abc.abstractmethod
     def committable_serializer(self) -> CommittableSerializer[CommT]:
         """How this sink's committables are stored in checkpoints."""
+
+    def hold_run(self, context: SinkContext) -> RunHold | None:
+        """Mark run ``context.run_id`` of this sink as live in the target for as long as
+        the run lives, across its attempts (``context`` names subtask 0; its attempt is
+        -1). The job master calls it before the run's first attempt (a job master that
+        takes over a run calls it again) and closes what it returns once the run is over
+        and cleaned up. A sink whose subtasks refuse to run next to another live run of
+        the same job name (``sinks.postgres.PostgresSink``) holds its mark here, so a run that
+        waits between two attempts, with no subtask connected, is still found. It may
+        raise (another run lives): the run then fails with that error. None: nothing to
+        hold (the default)."""
+        return None
 
     def _transaction_lifetime_s(self) -> float | None:
         return self.max_transaction_lifetime_s

@@ -23,6 +23,14 @@ Arrow; values never become SQL text). EXACTLY_ONCE:
   finished or cancelled job leaves no prepared transaction behind.
 * PREPARE TRANSACTION needs ``max_prepared_transactions > 0`` on the server; with 0 the
   job fails when it starts, naming the setting.
+* one live run per job name and sink in a database, whichever Ray cluster it runs on:
+  every session of a run holds the run's advisory lock (shared), the job master's too
+  (``hold_run``: from before the first attempt until the run is cleaned up, so a run
+  waiting between two attempts is found), and a session that finds another run's lock
+  held refuses to run (:class:`PostgresRunConflictError`, not recoverable) before it
+  commits or rolls back anything: a fresh run never rolls back what a live run of the
+  same name prepared. Left: while a run's job master is being replaced, none of its
+  processes holds the lock.
 
 AT_LEAST_ONCE and NONE commit at the barrier (and when a transaction rolls), with a plain
 COMMIT.
@@ -49,11 +57,13 @@ errors or ``explain()``.
 from __future__ import annotations
 
 import enum
+import hashlib
 import json
 import logging
 import re
+import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import quote, quote_plus
 
@@ -61,11 +71,13 @@ import pyarrow as pa
 import pyarrow.csv as pcsv
 
 from rayflow.guarantees import CheckpointingFacts, DeliveryGuarantee, GuaranteeResolution
+from rayflow.recoverability import NonRecoverableError
 from rayflow.sink import (
     CommitOutcome,
     CommittableSerializer,
     Committer,
     RollingPolicy,
+    RunHold,
     Sink,
     SinkContext,
     SinkWriter,
@@ -80,6 +92,7 @@ __all__ = [
     "PostgresCommittable",
     "PostgresCommittableSerializer",
     "PostgresSinkError",
+    "PostgresRunConflictError",
     "UpsertMode",
 ]
 
@@ -89,6 +102,18 @@ log = logging.getLogger("rayflow.sinks.postgres")
 MAX_GID = 199
 #: how often the server checks that a writer's client is still there while it works
 CLIENT_CHECK_MS = 1000
+#: how long a session waits for another run's sessions of the same sink to go before it
+#: refuses to run next to that run (a run that has just ended leaves its sessions at the
+#: server for a moment, until the server sees their clients gone)
+LIVE_RUN_WAIT_S = 5.0
+#: how long a writer waits for a lock before it fails (``lock_timeout``), unless the sink
+#: says otherwise: a row that repeats a unique key of a transaction this subtask prepared
+#: and has not committed yet waits for that transaction, which only this subtask's mailbox
+#: (the one waiting) commits
+WRITER_LOCK_TIMEOUT_S = 30.0
+#: server-side TCP keepalives of a session holding a run's lock: the lock of a client
+#: whose machine vanished without closing its connection goes within about 25 s
+_KEEPALIVE = {"tcp_keepalives_idle": 10, "tcp_keepalives_interval": 5, "tcp_keepalives_count": 3}
 _LINE = re.compile(r"\bline (\d+)")
 
 
@@ -101,6 +126,18 @@ class PostgresSinkError(RuntimeError):
         self.sqlstate = sqlstate
         #: 1-based position of the refused row in the batch being written (None: unknown)
         self.row = row
+
+
+class PostgresRunConflictError(PostgresSinkError, NonRecoverableError):
+    """Another run of the same job name writes through the same PostgresSink into the same
+    database right now (from another Ray cluster, say): this run refuses to run next to
+    it. No restart can fix that while the other run lives."""
+
+
+def _lock_key(text: str) -> int:
+    """A 31-bit advisory lock key for ``text``."""
+    digest = hashlib.blake2b(text.encode("utf-8"), digest_size=4).digest()
+    return int.from_bytes(digest, "big") & 0x7FFFFFFF
 
 
 def _psycopg() -> Any:
@@ -361,6 +398,19 @@ def _select(batch: pa.RecordBatch, columns: Sequence[str], label: str) -> pa.Rec
 # --- PostgresSink: two-phase commit ----------------------------------------------------------
 
 
+class _RunHold(RunHold):
+    """A session that holds a run's lock; closing it lets the lock go."""
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+
+    def close(self) -> None:
+        try:
+            self.conn.close()
+        except Exception:  # noqa: BLE001 - a broken session lets the lock go too
+            pass
+
+
 @dataclass(frozen=True)
 class PostgresCommittable:
     """One database transaction of a subtask: its prepared id (None when it was committed
@@ -403,6 +453,11 @@ class PostgresSink(_Target, TwoPhaseCommittingSink[_PgTransaction, PostgresCommi
     ``rolling_policy``: by default one transaction per checkpoint (no size or age
     rolling). ``max_transaction_lifetime_s``: how long the server lets a transaction stay
     open (``idle_in_transaction_session_timeout``), if it limits that.
+    ``lock_timeout_s``: how long a write waits for a lock before the attempt fails
+    (None: ``WRITER_LOCK_TIMEOUT_S``; 0: no limit). A row that repeats a unique key of
+    a transaction this subtask prepared for a checkpoint whose notification it has not
+    handled yet waits for it, and only this subtask commits it: without the limit the
+    subtask would wait on itself until the checkpoint timeout.
     """
 
     def __init__(
@@ -414,6 +469,7 @@ class PostgresSink(_Target, TwoPhaseCommittingSink[_PgTransaction, PostgresCommi
         rolling_policy: RollingPolicy | None = None,
         connect_timeout: float = 10.0,
         max_transaction_lifetime_s: float | None = None,
+        lock_timeout_s: float | None = None,
     ) -> None:
         super().__init__(
             delivery_guarantee,
@@ -421,6 +477,10 @@ class PostgresSink(_Target, TwoPhaseCommittingSink[_PgTransaction, PostgresCommi
         )
         self._init_target("PostgresSink", dsn, table, columns, connect_timeout)
         self.max_transaction_lifetime_s = max_transaction_lifetime_s
+        if lock_timeout_s is not None and lock_timeout_s < 0:
+            raise ValueError(f"PostgresSink: lock_timeout_s must be >= 0, got {lock_timeout_s}")
+        #: how long a write waits for a lock (None: ``WRITER_LOCK_TIMEOUT_S``; 0: forever)
+        self.lock_timeout_s = lock_timeout_s
 
     def __repr__(self) -> str:
         return (
@@ -443,6 +503,79 @@ class PostgresSink(_Target, TwoPhaseCommittingSink[_PgTransaction, PostgresCommi
         if len(gid) > MAX_GID:  # cannot happen with the parts' limits; never cut silently
             raise ValueError(f"PostgresSink: transaction id {gid!r} is longer than {MAX_GID}")
         return gid
+
+    # --- one live run per job name and sink: the run lock in the database -----------------
+
+    def run_lock_keys(self, context: SinkContext) -> tuple[int, int]:
+        """The advisory lock (two int4 keys) every session of ``context`` 's run holds,
+        shared: this sink of this job (every subtask), and the run."""
+        operator = self.gid_prefix(replace(context, subtask_index=0))[: -len("0000_")]
+        return _lock_key(operator), _lock_key(context.run_id)
+
+    def hold_run(self, context: SinkContext) -> _RunHold | None:
+        """The job master's session holding the run's lock for the whole run, so that a
+        run waiting between two attempts (no subtask connected) is found too; raises
+        :class:`PostgresRunConflictError` when another run lives."""
+        if not context.run_id or self.guarantee_in(context) is not DeliveryGuarantee.EXACTLY_ONCE:
+            return None
+        name = context.operator_name
+        conn = self._connect(name, _application_name(context, "run"), autocommit=True)
+        self._hold_run(conn, context, name)
+        return _RunHold(conn)
+
+    def _hold_run(self, conn: Any, context: SinkContext | None, name: str) -> None:
+        """Take this run's lock on session ``conn`` (for the session's life) and refuse to
+        run while a session of another run of this job's sink holds its own.
+
+        Every session a run opens to write, commit or roll back holds the run's lock, so
+        a run with a live session is found for sure. A run that finds another waits up
+        to ``LIVE_RUN_WAIT_S`` (an ended run's sessions go a moment after its
+        processes), then drops its session and raises :class:`PostgresRunConflictError`
+        before it touched anything: it never rolls back what a live run prepared. (Between
+        two attempts the job master's session holds it: :meth:`hold_run`.)"""
+        if context is None or not context.run_id:
+            return
+        if self.guarantee_in(context) is not DeliveryGuarantee.EXACTLY_ONCE:
+            return
+        keys = self.run_lock_keys(context)
+        psycopg = _psycopg()
+        deadline = time.monotonic() + LIVE_RUN_WAIT_S
+        try:
+            for setting, value in _KEEPALIVE.items():  # a vanished client's lock goes soon
+                conn.execute(f"SET {setting} = {value}")
+            conn.execute("SELECT pg_advisory_lock_shared(%s, %s)", keys)
+            while True:
+                others = conn.execute(
+                    "SELECT DISTINCT coalesce(a.application_name, '') FROM pg_locks l "
+                    "LEFT JOIN pg_stat_activity a ON a.pid = l.pid "
+                    "WHERE l.locktype = 'advisory' AND l.objsubid = 2 AND l.granted "
+                    "AND l.database = (SELECT oid FROM pg_database "
+                    "WHERE datname = current_database()) "
+                    "AND l.classid::bigint = %s AND l.objid::bigint <> %s",
+                    keys,
+                ).fetchall()
+                if not conn.autocommit:
+                    conn.commit()  # the lock is the session's; no transaction stays open
+                if not others or time.monotonic() > deadline:
+                    break
+                time.sleep(0.2)
+        except psycopg.Error as exc:
+            conn.close()
+            raise PostgresSinkError(
+                f"{self._label(name)}: taking the run's lock: {self._describe_error(exc)}",
+                getattr(exc, "sqlstate", None),
+            ) from None
+        if others:
+            conn.close()  # gives up this run's lock at once: the live run goes on
+            sessions = ", ".join(sorted(repr(row[0]) for row in others))
+            raise PostgresRunConflictError(
+                f"{self._label(name)}: another run of job {context.job_name!r} writes "
+                f"through this sink into the same database right now (its sessions: "
+                f"{sessions}); run {context.run_id} refuses to run next to it: it would "
+                "roll back what that run prepared and write every row a second time. "
+                "Wait for that run to end, cancel it, or run this one under another "
+                "job name."
+            )
 
     # --- the driver -----------------------------------------------------------------------
 
@@ -501,16 +634,31 @@ class _PgWriter(TransactionWriter[_PgTransaction, PostgresCommittable]):
 
     def _connection(self) -> Any:
         if self.conn is None or self.conn.closed:
-            self.conn = self.sink._connect(
+            conn = self.sink._connect(
                 self.name, _application_name(self.context, "writer"), autocommit=False
             )
-            self.sink._watch_client(self.conn)
+            self.sink._watch_client(conn)
+            self._limit_lock_waits(conn)
+            self.sink._hold_run(conn, self.context, self.name)
+            self.conn = conn
             if self.guarantee is DeliveryGuarantee.EXACTLY_ONCE:
                 try:
                     self.sink._check_prepared_transactions(self.conn, self.name)
                 finally:
                     self.conn.rollback()
         return self.conn
+
+    def _lock_timeout_s(self) -> float:
+        given = self.sink.lock_timeout_s
+        return WRITER_LOCK_TIMEOUT_S if given is None else given
+
+    def _limit_lock_waits(self, conn: Any) -> None:
+        try:
+            conn.execute(f"SET lock_timeout = {int(self._lock_timeout_s() * 1000)}")
+            conn.commit()
+        except _psycopg().Error as exc:  # a safeguard, not a requirement
+            log.warning("%s: %s", self.label, self.sink._describe_error(exc))
+            conn.rollback()
 
     def begin_transaction(self, sequence: int) -> _PgTransaction:
         return _PgTransaction(sequence)
@@ -532,13 +680,21 @@ class _PgWriter(TransactionWriter[_PgTransaction, PostgresCommittable]):
                 copy.write(data)
         except psycopg.Error as exc:
             self._rollback()
-            raise self.sink._row_error(
-                exc,
-                self.name,
-                batch.num_rows,
+            what = (
                 f"writing into transaction {transaction.sequence} of subtask "
-                f"{self.context.subtask_index} (after its first {transaction.rows} rows)",
-            ) from None
+                f"{self.context.subtask_index} (after its first {transaction.rows} rows)"
+            )
+            if getattr(exc, "sqlstate", None) == "55P03":  # lock_not_available
+                raise PostgresSinkError(
+                    f"{self.label}: {what}: waited more than {self._lock_timeout_s():g} s "
+                    "for a lock. Most likely a row of this batch repeats a unique key that "
+                    "a transaction of this subtask holds, prepared for a checkpoint and not "
+                    "committed yet (a key written in two checkpoints: write updates with "
+                    "PostgresUpsertSink); else another session locks the table "
+                    f"({self.sink._describe_error(exc)})",
+                    "55P03",
+                ) from None
+            raise self.sink._row_error(exc, self.name, batch.num_rows, what) from None
         transaction.rows += batch.num_rows
         transaction.size += len(data)
 
@@ -615,9 +771,11 @@ class _PgCommitter(Committer[PostgresCommittable]):
 
     def _connection(self) -> Any:
         if self.conn is None or self.conn.closed:
-            self.conn = self.sink._connect(
+            conn = self.sink._connect(
                 self.name, _application_name(self.context, "committer"), autocommit=True
             )
+            self.sink._hold_run(conn, self.context, self.name)
+            self.conn = conn
         return self.conn
 
     def _drop(self) -> None:
@@ -638,6 +796,8 @@ class _PgCommitter(Committer[PostgresCommittable]):
             conn = self._connection()
             conn.execute(sql.SQL("COMMIT PREPARED {}").format(sql.Literal(gid)))
             return CommitOutcome.committed()
+        except PostgresRunConflictError as exc:  # another run lives: no retry helps
+            return CommitOutcome.failed(str(exc), exc)
         except PostgresSinkError as exc:  # cannot connect now
             return CommitOutcome.retry_later(str(exc), exc)
         except psycopg.errors.UndefinedObject:

@@ -181,6 +181,7 @@ def build_job_graph(
         inherited = {group[edge.upstream] for edge in resolved_inputs[t.id]}
         group[t.id] = t.slot_sharing_group or (inherited.pop() if len(inherited) == 1 else None)
 
+    _check_unique_uids(real)
     vertex_of: dict[int, int] = {}
     vertices: dict[int, VertexSpec] = {}
     edges: dict[int, EdgeSpec] = {}
@@ -272,3 +273,18 @@ def _resolve_inputs(
             )
             resolved.append(InputEdge(inner.upstream, PartitionerSpec(spec.kind, spec.key)))
     return resolved
+
+
+def _check_unique_uids(transformations: list[Transformation]) -> None:
+    """Every operator's uid (given, or ``<kind>-<id>``) names it alone: its state in
+    checkpoints, and the transactions a two-phase-commit sink names after it (two sinks
+    sharing a uid would roll back each other's prepared transactions as lingering)."""
+    owner: dict[str, str] = {}
+    for t in transformations:
+        uid = t.uid or f"{t.kind}-{t.id}"
+        if uid in owner:
+            raise PlanError(
+                f"uid {uid!r} names two operators, {owner[uid]!r} and {t.name!r}: "
+                "give each operator its own uid"
+            )
+        owner[uid] = t.name

@@ -45,6 +45,7 @@ from rayflow.runtime.deployer import Deployer
 from rayflow.runtime.hooks import HookPoint
 from rayflow.runtime.output import MAX_LINES
 from rayflow.runtime.placement import JobPlacement, PlacementPlan
+from rayflow.runtime.run_holds import hold_sinks, release_holds
 from rayflow.runtime.run_lock import release_run_lock_of
 from rayflow.runtime.settings import JobSettings
 from rayflow.runtime.subtask import SubtaskActor, SubtaskDeployment
@@ -247,6 +248,8 @@ class JobMaster:
         self._running: set[tuple[int, int]] = set()  # subtasks of this attempt that run
         #: what subtasks of ended attempts printed, until the client drains it
         self._output: collections.deque[str] = collections.deque(maxlen=MAX_LINES)
+        #: the marks the run's sinks hold in their targets while it lives (None: not taken)
+        self._holds: list[Any] | None = None
 
     # --- queries ------------------------------------------------------------------------
 
@@ -392,6 +395,9 @@ class JobMaster:
         finally:
             # every attempt and clean-up of this job master is over: its bundles go back
             await self.placement.remove()
+            holds, self._holds = self._holds or [], None
+            if holds:
+                await asyncio.to_thread(release_holds, holds)
             self.finished_at = time.time()
             if self.supervisor.job_state.is_terminal:
                 # the run is over and cleaned up: the job name is free again, whether or
@@ -428,6 +434,7 @@ class JobMaster:
             try:
                 self.attempt = supervisor.start_attempt()
                 await self._persist()
+                await self._take_holds()  # before the run's first attempt touches anything
                 kind = FailureKind.ATTEMPT
                 outputs = await self._run_attempt(self.attempt)
                 await self._stop_attempt()
@@ -469,6 +476,12 @@ class JobMaster:
                 await self._persist_quietly()
                 self._recovery_started = failed_at
                 await self._restart_delay(delay)
+
+    async def _take_holds(self) -> None:
+        """Take the marks the run's sinks hold in their targets while it lives (once per
+        job master); raises when a sink refuses (another run of the job name lives)."""
+        if self._holds is None:
+            self._holds = await asyncio.to_thread(hold_sinks, self.graph, self.settings)
 
     def _log_failure(self, attempt: int, cause: str, delay: float | None) -> None:
         level, message = failure_log(
@@ -525,6 +538,10 @@ class JobMaster:
         and recover from it (commit its committables, abort lingering transactions)."""
         actors = {**self._spare, **self.actors}
         self._spare, self.actors = {}, {}
+        try:
+            await self._take_holds()
+        except Exception as exc:  # noqa: BLE001 - the sinks' own sessions check it too
+            log.warning("job %r: a sink's run mark: %s", self.settings.job_name, exc)
         latest = None
         if self.settings.checkpointing:
             try:

@@ -25,6 +25,7 @@ from rayflow.runtime.fence import AttemptFence, StaleAttemptError
 from rayflow.runtime.operators import OperatorContext
 from rayflow.runtime.sink_operator import TwoPhaseCommitSinkOperator
 from rayflow.sink import CommitOutcome
+from sinks import postgres
 from sinks.postgres import PostgresSink, PostgresUpsertSink
 
 pytest.importorskip("psycopg")
@@ -301,27 +302,20 @@ def test_a_rerun_at_a_lower_parallelism_leaves_nothing_of_a_crashed_run_behind(d
 # --- two runs of one job name at once ----------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the run lock holds one run per job name on one Ray cluster only; the "
-    "PostgreSQL sink has no lock of its own in the database, and a fresh run rolls back "
-    "every prepared transaction of its subtask prefix, whichever run prepared it",
-)
-def test_a_fresh_run_never_rolls_back_what_a_live_run_of_the_same_name_prepared(db):
+def test_a_fresh_run_never_rolls_back_what_a_live_run_of_the_same_name_prepared(db, monkeypatch):
     """Two runs of one job name against one database, from two Ray clusters (yesterday's
     nightly run still going on the old cluster when today's starts on a new one): run B
     starts fresh and recovers; run A's checkpoint 5 has completed and its commit is on
     its way. B must not roll back what A prepared (A's rows would be lost, and A fails
     for good on every restore of checkpoint 5); it should refuse to run instead."""
+    monkeypatch.setattr(postgres, "LIVE_RUN_WAIT_S", 0.5)
     a = operator(PostgresSink(db.dsn, "t", delivery_guarantee=EO), run_id="run-1-aa")
     a.recover(None)
     a.process(rows([1]))
     a.snapshot_state(5)
     b = operator(PostgresSink(db.dsn, "t", delivery_guarantee=EO), run_id="run-2-bb")
-    try:
+    with pytest.raises(postgres.PostgresRunConflictError, match="another run"):
         b.recover(None)
-    except Exception:  # noqa: BLE001 - refusing to run next to a live run is fine
-        pass
     a.notify_checkpoint_complete(5)
     a.close()
     b.close()
@@ -380,3 +374,277 @@ def test_a_commit_that_finds_another_session_finishing_it_is_retried_not_failed(
     assert op.committer.commit(committable).status.name == "ALREADY_COMMITTED"
     op.close()
     assert table_rows(db) == [(1, 10)]
+
+
+# --- the same schedule in a real job ---------------------------------------------------------
+
+
+def test_a_job_cancelled_while_its_sink_recovers_commits_the_restored_checkpoint(db, tmp_path):
+    """A real run of the cancel-during-recovery schedule: the sink (one subtask, a
+    transaction every two batches, so a checkpoint holds several) is killed between
+    checkpoint 2's completion and its notification; attempt 1's recover thread commits
+    the first restored transaction and stalls (a slow thread); the job is cancelled
+    meanwhile. Every transaction the latest completed checkpoint holds must end
+    committed, none rolled back."""
+    from rayflow.errors import JobCancelledError
+    from rayflow.sink import RollingPolicy
+    from rayflow.testing import Fault, FaultPlan, FaultPoint
+    from tests.chaos.harness import build_keyed_sum, unique_job
+
+    with db.connect() as conn:
+        conn.execute("CREATE TABLE sums (key bigint NOT NULL, value bigint NOT NULL)")
+    sink = PostgresSink(
+        db.dsn,
+        "sums",
+        columns=["key", "value"],
+        delivery_guarantee=EO,
+        rolling_policy=RollingPolicy(max_part_size=20_000),  # a transaction per 2 batches
+    )
+    plan = FaultPlan(
+        [
+            Fault(FaultPoint.BEFORE_NOTIFY, attempt=0, vertex="committed", checkpoint=2),
+            Fault(
+                FaultPoint.SINK_DURING_COMMIT,
+                attempt=1,
+                vertex="committed",
+                action="sleep",
+                seconds=60,
+            ),
+        ]
+    )
+    env, _ = build_keyed_sum(
+        5_000_000,
+        1,
+        5000,
+        rate=50_000,
+        checkpoint_ms=1000,
+        storage=str(tmp_path),
+        sink=sink,
+        plan=plan,
+    )
+    job = unique_job("pg-cancel-in-recovery")
+    client = env.execute_async(job)
+    try:
+        held = _cancel_once_recovery_stalls(client, db, sink, str(tmp_path), job)
+    except BaseException:
+        client.cancel(timeout=120)  # never leave the job running past the test
+        raise
+    with pytest.raises(JobCancelledError):
+        client.wait()
+    assert len(held) >= 2, held  # the schedule needs a checkpoint of several transactions
+    with db.connect() as conn:
+        status = {
+            c.gid: conn.execute("SELECT txid_status(%s)", (c.txid,)).fetchone()[0] for c in held
+        }
+    assert prepared(db) == []
+    assert set(status.values()) == {"committed"}, status
+
+
+def _held_by_latest_checkpoint(sink, root: str, job: str) -> list:
+    """The committables the sink's state holds in the job's latest completed checkpoint."""
+    from rayflow.checkpoint.storage import JobStorage
+    from rayflow.runtime.channel_state import decode_snapshot
+
+    latest = JobStorage(root, job).latest()
+    if latest is None:
+        return []
+    storage, meta = latest
+    serializer = sink.committable_serializer()
+    held = []
+    for entry in meta.subtasks.values():
+        state = decode_snapshot(storage.read_blob(entry.path))[0].get("committed")
+        if state:
+            encoded = [e for cs in state["pending"].values() for e in cs] + state["due"]
+            held += [serializer.decode(version, data) for version, data in encoded]
+    return held
+
+
+def _cancel_once_recovery_stalls(client, db, sink, root: str, job: str) -> list:
+    """Cancel the job once attempt 1's recovery has committed some, not all, of the
+    transactions the restored checkpoint holds (its recover thread stalls after a
+    commit); returns those committables. The restored checkpoint is read from the job's
+    storage once attempt 1 runs: attempt 1 completes no checkpoint while it recovers."""
+    held: list = []
+    stalled: set[str] | None = None
+    deadline = time.monotonic() + 120
+    with db.connect() as conn:
+        while True:
+            status = client._master_status()
+            if status["attempt"] >= 1:
+                held = held or _held_by_latest_checkpoint(sink, root, job)
+                gids = {c.gid for c in held}
+                current = {
+                    row[0]
+                    for row in conn.execute(
+                        "SELECT gid FROM pg_prepared_xacts WHERE gid = ANY(%s)", (list(gids),)
+                    )
+                }
+                if current and (gids - current):
+                    if current == stalled:
+                        break  # unchanged for half a second: the recover thread stalls
+                    stalled = current
+                    time.sleep(0.5)
+                    continue
+                if held and not current:
+                    pytest.fail(
+                        f"attempt 1 committed all {len(held)} restored transactions "
+                        "without stalling"
+                    )
+            if time.monotonic() > deadline:
+                pytest.fail(
+                    f"the schedule never came: job {status['state']} attempt "
+                    f"{status['attempt']}; restored: {[c.gid for c in held]}"
+                )
+            time.sleep(0.02)
+    client.cancel(timeout=None)
+    return held
+
+
+# --- two runs of one job name on two Ray clusters, in real jobs ----------------------------------
+
+
+def test_a_second_run_of_a_job_name_refuses_to_run_while_the_first_restarts(
+    db, tmp_path, monkeypatch
+):
+    """Run A of a job writes into a table; its sink subtask dies between checkpoint 1's
+    completion and its notification (checkpoint 1's transaction stays prepared), and A
+    waits its restart delay: no process of A has a database session then. Run B of the
+    same job name starts meanwhile on another Ray cluster (here: the same one, without
+    the cluster's run lock, which a second cluster does not see), with the same storage
+    and sink. B must refuse to run: otherwise it rolls back checkpoint 1's transaction
+    as lingering (A's restore of checkpoint 1 then fails: its rows are lost), and both
+    runs write every row. A ends with every row once and no prepared transaction left."""
+    import rayflow.environment as environment
+    from rayflow.errors import JobFailedError
+    from rayflow.status import JobState
+    from rayflow.testing import Fault, FaultPlan, FaultPoint
+    from tests.chaos.harness import build_keyed_sum, expected_rows, unique_job
+
+    monkeypatch.setattr(environment, "acquire_run_lock", lambda job_name, run_id: None)
+    with db.connect() as conn:
+        conn.execute("CREATE TABLE sums (key bigint NOT NULL, value bigint NOT NULL)")
+    n, batch = 100_000, 5000
+
+    def run_of_the_job(plan=None, restart_delay_ms=50):
+        sink = PostgresSink(db.dsn, "sums", columns=["key", "value"], delivery_guarantee=EO)
+        env, _ = build_keyed_sum(
+            n,
+            1,
+            batch,
+            rate=20_000,
+            checkpoint_ms=300,
+            storage=str(tmp_path),
+            sink=sink,
+            plan=plan,
+            restart_delay_ms=restart_delay_ms,
+        )
+        return env
+
+    job = unique_job("pg-two-clusters")
+    plan = FaultPlan([Fault(FaultPoint.BEFORE_NOTIFY, attempt=0, vertex="committed")])
+    first = run_of_the_job(plan, restart_delay_ms=8000).execute_async(job)
+    try:
+        deadline = time.monotonic() + 60
+        while first._master_status()["state"] != JobState.RESTARTING:
+            assert time.monotonic() < deadline, "run A never restarted"
+            time.sleep(0.05)
+        second = run_of_the_job().execute_async(job)
+        try:
+            with pytest.raises(JobFailedError, match="another run"):
+                second.wait()
+        finally:
+            second.cancel(timeout=120)
+        result = first.wait()
+    finally:
+        first.cancel(timeout=120)
+    assert result.restarts == 1
+    with db.connect() as conn:
+        rows, distinct = conn.execute(
+            "SELECT count(*), count(DISTINCT (key, value)) FROM sums"
+        ).fetchone()
+    assert prepared(db) == []
+    assert rows == distinct == expected_rows(n, 1, batch)
+
+
+# --- a key repeated across two checkpoints of a unique table ------------------------------------
+
+
+def test_a_key_repeated_in_the_next_checkpoint_fails_instead_of_waiting_on_itself(db, monkeypatch):
+    """The table has a primary key; the stream writes key 1 before checkpoint 1's barrier
+    (its transaction is prepared, holding the key) and again after it, before checkpoint
+    1's notification is handled. The second COPY waits for the prepared transaction,
+    which only this subtask's mailbox commits, and the mailbox is the one waiting: the
+    subtask hangs until the checkpoint timeout fails the attempt. It must fail soon
+    instead, saying why (a unique key written again while its first write is prepared),
+    and leave the prepared transaction for the restored checkpoint to commit."""
+    import threading
+
+    with db.connect() as conn:
+        conn.execute("CREATE TABLE pk (k bigint PRIMARY KEY, v bigint)")
+    monkeypatch.setattr(postgres, "WRITER_LOCK_TIMEOUT_S", 1.0, raising=False)
+    sink = PostgresSink(db.dsn, "pk", delivery_guarantee=EO)
+    op = operator(sink)
+    op.process(rows([1]))
+    op.snapshot_state(1)
+    outcome: list = []
+
+    def write_again():
+        try:
+            op.process(rows([1]))
+            outcome.append("written")
+        except Exception as exc:  # noqa: BLE001 - the error is what the test looks at
+            outcome.append(exc)
+
+    writer = threading.Thread(target=write_again, daemon=True)
+    writer.start()
+    writer.join(20)
+    assert not writer.is_alive(), "the subtask waits on its own prepared transaction"
+    [error] = outcome
+    assert isinstance(error, postgres.PostgresSinkError), error
+    assert "unique" in str(error) and "prepared" in str(error), error
+    assert len(prepared(db)) == 1  # checkpoint 1's transaction stays for its commit
+    op.notify_checkpoint_complete(1)
+    op.close()
+    assert table_rows(db, "pk") == [(1, 10)]
+
+
+# --- a restore at a lower parallelism ------------------------------------------------------------
+
+
+def test_a_restore_at_a_lower_parallelism_commits_every_old_subtasks_checkpoint(db):
+    """A run at parallelism 3 completes checkpoint 5 and dies before any subtask is told;
+    each old subtask also prepared a transaction for checkpoint 6, which never completed.
+    The job is restored from checkpoint 5 at parallelism 2: subtask 0 takes the state of
+    old subtasks 0 and 2, subtask 1 that of old subtask 1 (index % parallelism). Every
+    transaction of checkpoint 5 must be committed, every one of checkpoint 6 rolled
+    back, whichever new subtask sweeps first."""
+    states = []
+    for subtask in range(3):
+        old = operator(
+            PostgresSink(db.dsn, "t", delivery_guarantee=EO),
+            subtask=subtask,
+            parallelism=3,
+            run_id="run-1-aa",
+        )
+        old.process(rows([subtask]))
+        states.append(pickle.loads(pickle.dumps(old.snapshot_state(5))))
+        old.process(rows([100 + subtask]))
+        old.snapshot_state(6)  # never completes
+        old.close()
+    assert len(prepared(db)) == 6
+    restored = []
+    for subtask in (1, 0):  # subtask 1 sweeps before subtask 0 has committed old 2's
+        new = operator(
+            PostgresSink(db.dsn, "t", delivery_guarantee=EO),
+            attempt=1,
+            subtask=subtask,
+            parallelism=2,
+            run_id="run-1-aa",
+        )
+        new.restore_state([s for i, s in enumerate(states) if i % 2 == subtask])
+        new.recover(5)
+        restored.append(new)
+    for new in restored:
+        new.close()
+    assert table_rows(db) == [(0, 0), (1, 10), (2, 20)]
+    assert prepared(db) == []

@@ -97,3 +97,28 @@ def test_hash_routed_parts_serialize_only_their_own_rows():
     whole = len(pickle.dumps(batch))
     assert sum(part.num_rows for _, part in parts) == batch.num_rows
     assert sum(len(pickle.dumps(part)) for _, part in parts) < 1.2 * whole
+
+
+def test_two_operators_with_one_uid_are_an_error():
+    """Two sinks given the same uid (two PostgresSinks into one table, say) would share
+    their transaction names (job, uid, subtask): one sink's recovery or end-of-input
+    sweep rolls back what the other prepared for a completed checkpoint, and those rows
+    are lost. Their state would share a name in checkpoints too. The plan refuses."""
+    e = env()
+    numbers = e.from_source(NumberSequenceSource(0, 9)).map(lambda r: r)
+    numbers.sink_to(CollectSink(), name="first").uid("orders-table")
+    numbers.sink_to(CollectSink(), name="second").uid("orders-table")
+    with pytest.raises(PlanError, match="'orders-table'.*'first'.*'second'"):
+        e.get_job_graph()
+
+
+def test_a_uid_that_names_another_operator_by_default_is_an_error():
+    """An operator's default uid is ``<kind>-<id>``: a uid given by hand may be the same."""
+    e = env()
+    stream = e.from_source(NumberSequenceSource(0, 9)).map(lambda r: r, name="m")
+    stream.sink_to(CollectSink(), name="s1")
+    first = e.get_job_graph()
+    [taken] = [op.uid for v in first.vertices.values() for op in v.operators if op.name == "m"]
+    stream.sink_to(CollectSink(), name="s2").uid(taken)
+    with pytest.raises(PlanError, match="uid"):
+        e.get_job_graph()

@@ -24,6 +24,7 @@ from rayflow.sink import (
     CommitStatus,
     CommittableSerializer,
     Committer,
+    RunHold,
     SinkContext,
     TransactionWriter,
     TwoPhaseCommittingSink,
@@ -498,3 +499,65 @@ def test_direct_use_keeps_its_writers_in_a_slot_that_never_travels(tmp_path):
     del sink, txn
     gc.collect()
     assert gone() is None  # nothing outside the sink keeps it (or its writers) alive
+
+
+# --- hold_run: a mark a run holds while it lives ---------------------------------------------
+
+
+class _Hold(RunHold):
+    def __init__(self, log: list, name: str) -> None:
+        self.log, self.name = log, name
+
+    def close(self) -> None:
+        self.log.append(("closed", self.name))
+
+
+class HoldingSink(MemorySink):
+    def __init__(self, log: list, refuse: bool = False) -> None:
+        super().__init__()
+        self.log, self.refuse = log, refuse
+
+    def hold_run(self, context: SinkContext) -> _Hold:
+        if self.refuse:
+            raise RuntimeError("another run lives")
+        self.log.append(("held", context))
+        return _Hold(self.log, context.operator_uid)
+
+
+def test_the_job_master_holds_each_sinks_mark_for_the_run_and_lets_go_if_one_refuses():
+    from rayflow.runtime.run_holds import hold_sinks, release_holds
+    from rayflow.runtime.settings import JobSettings
+
+    log: list = []
+    env = StreamExecutionEnvironment.get_execution_environment().set_parallelism(2)
+    env.enable_checkpointing(100, CheckpointingMode.EXACTLY_ONCE)
+    numbers = env.from_source(NumberSequenceSource(0, 9))
+    numbers.sink_to(HoldingSink(log), name="first").uid("first")
+    graph = env.get_job_graph()
+    settings = JobSettings(job_name="nightly", run_id="run-1-ab")
+    holds = hold_sinks(graph, settings)
+    [(what, context)] = log
+    assert (context.job_name, context.operator_uid, context.run_id) == (
+        "nightly",
+        "first",
+        "run-1-ab",
+    )
+    assert (context.subtask_index, context.attempt, context.parallelism) == (0, -1, 2)
+    assert context.delivery_guarantee is DeliveryGuarantee.EXACTLY_ONCE
+    release_holds(holds)
+    assert log[-1] == ("closed", "first")
+
+    log.clear()
+    env = StreamExecutionEnvironment.get_execution_environment().set_parallelism(1)
+    env.enable_checkpointing(100, CheckpointingMode.EXACTLY_ONCE)
+    numbers = env.from_source(NumberSequenceSource(0, 9))
+    numbers.sink_to(HoldingSink(log), name="a").uid("a")
+    numbers.sink_to(HoldingSink(log, refuse=True), name="b").uid("b")
+    with pytest.raises(RuntimeError, match="another run"):
+        hold_sinks(env.get_job_graph(), settings)
+    assert [entry[0] for entry in log] == ["held", "closed"]  # the mark taken is let go
+
+
+def test_a_sink_holds_nothing_by_default():
+    context = SinkContext("job", "out", 0, 1, -1, run_id="run-1-ab")
+    assert MemorySink().hold_run(context) is None
