@@ -620,9 +620,17 @@ class SubtaskActor:
 
     def _export_metrics(self) -> None:
         """Hand the counters' growth to Ray's metrics (see :mod:`rayflow.runtime.ray_metrics`)."""
+        alignments, self._alignments = self._alignments, []
+        if not self._exporter.enabled:
+            return
         channels = [c for w in self.writers for c in w.channels]
         m = self.metrics_
-        alignments, self._alignments = self._alignments, []
+        try:
+            operators = {
+                spec.name: op.metrics() for spec, op in zip(self.d.vertex.operators, self.operators)
+            }
+        except Exception:  # noqa: BLE001 - an operator's own figures: skip them this time
+            operators = {}
         self._exporter.export(
             {
                 "records_in": m["records_in"],
@@ -632,7 +640,7 @@ class SubtaskActor:
                 "backpressure_s": sum(c.backpressure_s for c in channels),
             },
             alignments,
-            {spec.name: op.metrics() for spec, op in zip(self.d.vertex.operators, self.operators)},
+            operators,
         )
 
     def _close_operators(self) -> None:

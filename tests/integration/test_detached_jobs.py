@@ -15,6 +15,7 @@ import time
 import ray
 
 from rayflow.runtime.placement import job_placement_groups
+from rayflow.status import JobState
 
 JOB = """
 import sys
@@ -174,3 +175,63 @@ def test_a_detached_run_needs_a_cluster_address(tmp_path):
     script.write_text(JOB)
     refused = _rayflow("run", "--detach", str(script), "a", "b", "c")
     assert refused.returncode == 2 and "--detach needs a running Ray cluster" in refused.stderr
+
+
+def _named(prefix: str) -> list[tuple[str, str]]:
+    return [
+        (a["name"], a["namespace"])
+        for a in ray.util.list_named_actors(all_namespaces=True)
+        if a["name"].startswith(prefix)
+    ]
+
+
+def _kill_named(prefix: str) -> None:
+    name, namespace = _named(prefix)[0]
+    ray.kill(ray.get_actor(name, namespace=namespace), no_restart=True)
+
+
+def test_a_detached_job_restarts_and_survives_its_job_master_after_the_driver_exited(tmp_path):
+    """After the submitting driver exited: a killed subtask is restarted (new actors for a
+    job whose driver is gone) and a killed job master is taken over by the job host."""
+    from rayflow import detached
+
+    address = ray.get_runtime_context().gcs_address
+    name = f"detached-restarts-{time.time_ns()}"
+    out, chk = tmp_path / "out", tmp_path / "chk"
+    script = tmp_path / "job.py"
+    script.write_text(JOB)
+    submitted = _rayflow(
+        "run", "--detach", "--address", address, str(script), str(out), str(chk), name
+    )
+    assert submitted.returncode == 0, submitted.stderr
+    job = detached.find(name)
+    try:
+        _until(lambda: job.status()["state"] == "RUNNING" and job.checkpoints(), 120, "running")
+        _kill_named(f"rayflow:{job.job_id}:v")  # a subtask
+        _until(
+            lambda: (s := job.status())["restarts"] >= 1 and s["state"] == "RUNNING",
+            120,
+            "the restarted attempt running",
+        )
+        _kill_named(f"rayflow:{job.job_id}:master:0")
+        _until(lambda: _named(f"rayflow:{job.job_id}:master:1"), 120, "a new job master")
+        _until(lambda: job.status()["state"] == "RUNNING", 120, "running after the takeover")
+        before = len(_committed(out))
+        _until(lambda: len(_committed(out)) > before, 120, "output after the takeover")
+        assert job.cancel() is JobState.CANCELED
+        assert _until(
+            lambda: not _job_actors(job.job_id) and not job_placement_groups(job.job_id),
+            30,
+            "the job's actors and placement group to go",
+        )
+        assert not _run_lock_held(name)
+        assert _in_progress(out) == []
+        status = job.status()
+        assert status["state"] == "CANCELED" and status["restarts"] >= 2
+    finally:
+        if _host_there(name):
+            host = ray.get_actor(name, namespace="rayflow-jobs")
+            try:
+                ray.get(host.cancel.remote(60), timeout=90)
+            finally:
+                ray.kill(host, no_restart=True)
