@@ -16,9 +16,10 @@ whose host is still there is refused with what holds the name (a live run must b
 cancelled, an ended one removed); the run lock still refuses any second live run of the
 name, attached or detached.
 
-What is not covered: the host itself is not restarted when its node is lost (its job
-master and subtasks go with it); the next run of the job name recovers the sinks' open
-transactions, as after any crash.
+The host runs on the head node (when Ray marks one), so losing any other node costs the
+job a restart or a job master takeover, not its host. What is not covered: the host itself
+is not restarted (its node is lost, or it is killed); its job master and subtasks go with it,
+and the next run of the job name recovers the sinks' open transactions, as after any crash.
 """
 
 from __future__ import annotations
@@ -51,6 +52,9 @@ __all__ = [
 
 #: the Ray namespace of every job host; a host is named after its job
 NAMESPACE = "rayflow-jobs"
+
+#: how long a submission waits for the job to start (its host placed, its job master up)
+START_TIMEOUT_S = 300.0
 
 #: how often a host refreshes what it shows of a running job (status, checkpoints)
 REFRESH_S = 2.0
@@ -331,6 +335,19 @@ def list_jobs(timeout_s: float = 10.0) -> list[dict[str, Any]]:
     return rows
 
 
+#: the resource Ray gives the head node only
+HEAD_NODE_RESOURCE = "node:__internal_head__"
+
+
+def _on_the_head_node() -> dict[str, Any]:
+    """Actor options that put the job host on the head node, where one is marked: the
+    cluster lives as long as it does, so losing any other node costs the job a restart
+    or a job master takeover, never its host."""
+    if any(HEAD_NODE_RESOURCE in n.get("Resources", {}) for n in ray.nodes() if n["Alive"]):
+        return {"resources": {HEAD_NODE_RESOURCE: 0.001}}
+    return {}
+
+
 def _refusal(name: str, status: dict[str, Any]) -> ConcurrentRunError:
     state = status.get("state", "UNKNOWN")
     if state in (s.value for s in JobState if s.is_terminal):
@@ -356,9 +373,9 @@ def submit(
     name = settings.job_name
     for _ in range(50):
         try:
-            host = JobHost.options(name=name, namespace=NAMESPACE, lifetime="detached").remote(
-                graph, settings, restore_from
-            )
+            host = JobHost.options(
+                name=name, namespace=NAMESPACE, lifetime="detached", **_on_the_head_node()
+            ).remote(graph, settings, restore_from)
             break
         except ValueError:
             pass  # the name is taken: by a host, or by a dead one whose name goes soon
@@ -376,8 +393,13 @@ def submit(
     else:
         raise ConcurrentRunError(f"job {name!r}: could not register its detached job name")
     try:
-        ids = ray.get(host.started.remote())
+        ids = ray.get(host.started.remote(START_TIMEOUT_S), timeout=START_TIMEOUT_S + 60)
     except BaseException as exc:
         ray.kill(host, no_restart=True)  # nothing started: the name is free again
+        if isinstance(exc, ray.exceptions.GetTimeoutError):
+            raise TimeoutError(
+                f"job {name!r}: its job host did not start within {START_TIMEOUT_S + 60:g} s "
+                "(no room for it on the head node?)"
+            ) from None
         raise _unwrap(exc) from None
     return DetachedJob(name, ids["job_id"], ids["run_id"], host, dict(guarantees))
