@@ -1064,9 +1064,9 @@ class StreamExecutionEnvironment:
             preflight.check_job(job_name, graph, config)  # before Ray starts
         ensure_ray()
         if detached.is_requested():
-            raise detached.JobDetached(
-                detached.submit(graph, settings, restore_from, _guarantee_words(graph))
-            )
+            job = detached.submit(graph, settings, restore_from, _guarantee_words(graph))
+            self._fault_plan = None  # a fault plan targets one run (rayflow.testing)
+            raise detached.JobDetached(job)
         warm_workers.job_starting()
         warm = self._warm_workers if not settings.subtask_options.get("runtime_env") else None
         client = start_run(graph, settings, restore_from, warm)
