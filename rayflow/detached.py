@@ -113,6 +113,8 @@ def _result_summary(result: Any) -> dict[str, Any]:
         r["records_in"] += m["records_in"]
         r["records_out"] += m["records_out"]
     return {
+        "started_at": result.started_at,
+        "finished_at": result.finished_at,
         "duration_s": result.duration_s,
         "records": records,
         "restarts": result.restarts,
@@ -140,6 +142,7 @@ class JobHost:
         self._state = JobState.CREATED
         self._snapshot: dict[str, Any] = {}
         self._checkpoints: list[dict[str, Any]] = []
+        self._ended_at: float | None = None
         self._started = threading.Event()
         self._ended = threading.Event()
         self._lock = threading.Lock()
@@ -172,6 +175,7 @@ class JobHost:
         self._refresh_once()  # what the ended run left (checkpoints of a finished one)
         with self._lock:
             self._state = state
+            self._ended_at = time.time()
         self._ended.set()
 
     def _refresh(self) -> None:
@@ -214,6 +218,13 @@ class JobHost:
             r = records.setdefault(m["vertex"], {"records_in": 0, "records_out": 0})
             r["records_in"] += m["records_in"]
             r["records_out"] += m["records_out"]
+        finished_at = snapshot.get("finished_at")
+        if self._ended.is_set():
+            # the last look at a running job is stale now: the outcome says more
+            summary = self._summary or {}
+            records = summary.get("records") or records
+            snapshot.setdefault("started_at", summary.get("started_at"))
+            finished_at = summary.get("finished_at") or finished_at or self._ended_at
         return {
             "name": self.name,
             "job_id": self.job_id,
@@ -221,14 +232,14 @@ class JobHost:
             "state": state.value,
             "submitted_at": self.submitted_at,
             "started_at": snapshot.get("started_at"),
-            "finished_at": snapshot.get("finished_at"),
+            "finished_at": finished_at,
             "attempt": snapshot.get("attempt"),
             "restarts": snapshot.get("restarts", 0),
             "failure": snapshot.get("failure"),
             "error": self._error,
             "last_checkpoint": snapshot.get("last_checkpoint"),
             "checkpoint_summary": snapshot.get("checkpoint_summary"),
-            "records": records or (self._summary or {}).get("records", {}),
+            "records": records,
             "result": self._summary,
         }
 

@@ -235,3 +235,30 @@ def test_a_detached_job_restarts_and_survives_its_job_master_after_the_driver_ex
                 ray.get(host.cancel.remote(60), timeout=90)
             finally:
                 ray.kill(host, no_restart=True)
+
+
+def test_a_finished_detached_job_shows_its_outcome_until_removed(tmp_path):
+    from rayflow import NumberSequenceSource, StreamExecutionEnvironment
+    from sinks.files import FileSink
+
+    env = StreamExecutionEnvironment.get_execution_environment().set_parallelism(2)
+    env.enable_checkpointing(200)
+    env.get_checkpoint_config().set_checkpoint_storage(str(tmp_path / "chk"))
+    env.from_source(NumberSequenceSource(0, 19_999, batch_size=1000), "numbers").sink_to(
+        FileSink(tmp_path / "out"), name="files"
+    )
+    name = f"detached-finished-{time.time_ns()}"
+    job = env.execute_detached(name)
+    try:
+        assert job.wait(120) is JobState.FINISHED
+        status = job.status()
+        assert status["state"] == "FINISHED" and status["error"] is None
+        assert status["records"]["numbers -> files"]["records_in"] == 20_000
+        assert status["finished_at"] >= status["started_at"] > 0
+        assert status["result"]["checkpoints_completed"] >= 1
+        assert any(c["status"] == "COMPLETED" for c in job.checkpoints())
+        assert not _run_lock_held(name) and _in_progress(tmp_path / "out") == []
+        assert job.cancel() is JobState.FINISHED  # ended before: nothing to cancel
+    finally:
+        job.remove()
+    assert _until(lambda: not _host_there(name), 30, "the job host to go")
