@@ -143,6 +143,7 @@ class JobHost:
         self._snapshot: dict[str, Any] = {}
         self._checkpoints: list[dict[str, Any]] = []
         self._ended_at: float | None = None
+        self._final = False
         self._started = threading.Event()
         self._ended = threading.Event()
         self._lock = threading.Lock()
@@ -165,14 +166,17 @@ class JobHost:
             self._started.set()
         threading.Thread(target=self._refresh, daemon=True).start()
         try:
-            self._summary = _result_summary(self._client.wait())
+            result = self._client.wait()
+            self._summary = _result_summary(result)
+            with self._lock:
+                self._checkpoints = list(result.checkpoints)
+                self._final = True  # what the run returned: no later look overwrites it
             state = JobState.FINISHED
         except BaseException as exc:  # noqa: BLE001 - the outcome is what it holds
             self._error = _first_line(exc)
             state = self._client.get_job_status()
             if not state.is_terminal:
                 state = JobState.FAILED
-        self._refresh_once()  # what the ended run left (checkpoints of a finished one)
         with self._lock:
             self._state = state
             self._ended_at = time.time()
@@ -192,7 +196,8 @@ class JobHost:
         except Exception:  # noqa: BLE001 - restarting or over: keep what was seen
             return
         with self._lock:
-            self._checkpoints = checkpoints
+            if not self._final:
+                self._checkpoints = checkpoints
 
     # --- calls ---------------------------------------------------------------------------
 
@@ -248,7 +253,8 @@ class JobHost:
             try:
                 found = self._client.checkpoints()
                 with self._lock:
-                    self._checkpoints = found
+                    if not self._final:
+                        self._checkpoints = found
             except Exception:  # noqa: BLE001 - restarting: what was seen last
                 pass
         with self._lock:
