@@ -2,6 +2,8 @@
 
     rayflow run JOB.py [--address ADDR] [JOB ARGS...]   run a job script
     rayflow run --example NAME [JOB ARGS...]             run an example that ships with rayflow
+    rayflow run --detach --address ADDR JOB.py           submit a job that outlives this process
+    rayflow jobs list|status|cancel|checkpoints|remove   detached jobs on a cluster
     rayflow demo [--sink s3|files|postgres ...]          the guarantees, side by side
     rayflow checkpoints PATH [--endpoint-url URL ...]    list and inspect retained checkpoints
     rayflow bench alignment [--quick] [--out DIR]        run a benchmark
@@ -22,7 +24,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 import rayflow
-from rayflow import cluster_local
+from rayflow import cluster_local, jobs_cli
 
 __all__ = ["main", "build_parser"]
 
@@ -41,6 +43,8 @@ examples:
   rayflow run --example orders --orders 50000    an example job with its own args
   rayflow run --address auto my_job.py           join a running cluster (ray start --head)
   rayflow run my_job.py -- --address x           '--' passes the rest to the job unchanged
+  rayflow run --detach --address HOST:6379 my_job.py   run it on the cluster, detached
+  rayflow jobs status my-job --address HOST:6379       how that detached job is doing
   rayflow bench alignment --quick                checkpoint alignment benchmark (~2 min)
 
 run 'rayflow COMMAND --help' for the options of one command."""
@@ -70,6 +74,13 @@ def _add_run(subparsers: argparse._SubParsersAction) -> None:
         metavar="ADDR",
         help="Ray cluster to join (sets RAY_ADDRESS for the job; "
         "default: $RAY_ADDRESS, else a local Ray)",
+    )
+    parser.add_argument(
+        "--detach",
+        action="store_true",
+        help="submit the job to the cluster of --address and return once it started: it "
+        "runs on after this process exits (see 'rayflow jobs'); the script stops at its "
+        "execute() call",
     )
     parser.add_argument(
         "--example",
@@ -106,16 +117,21 @@ def _split_run_argv(argv: list[str]) -> tuple[list[str], list[str]]:
     return argv, []
 
 
-def _split_job_args(args: list[str]) -> tuple[str | None, list[str]]:
-    """Take rayflow's ``--address`` off the front of the job's arguments (stop at ``--``)."""
+def _split_job_args(args: list[str]) -> tuple[str | None, list[str], bool]:
+    """Take rayflow's ``--address`` and ``--detach`` off the front of the job's arguments
+    (stop at ``--``)."""
     address = None
+    detach = False
     rest = list(args)
     while rest:
         head = rest[0]
         if head == "--":
             rest.pop(0)
             break
-        if head == "--address" and len(rest) >= 2:
+        if head == "--detach":
+            detach = True
+            rest.pop(0)
+        elif head == "--address" and len(rest) >= 2:
             address = rest[1]
             del rest[:2]
         elif head.startswith("--address="):
@@ -123,12 +139,12 @@ def _split_job_args(args: list[str]) -> tuple[str | None, list[str]]:
             rest.pop(0)
         else:
             break
-    return address, rest
+    return address, rest, detach
 
 
 def _run(args: argparse.Namespace) -> int:
-    from rayflow import examples, progress
-    from rayflow.errors import JobFailedError, JobResultLostError
+    from rayflow import detached, examples, progress
+    from rayflow.errors import ConcurrentRunError, JobFailedError, JobResultLostError
     from rayflow.preflight import PreflightError
     from rayflow.ray_connect import NoRayClusterError, check_address
 
@@ -141,8 +157,15 @@ def _run(args: argparse.Namespace) -> int:
         return _fail("run", f"give a JOB file, or --example NAME ({', '.join(examples.names())})")
     else:
         path = args.job
-    address, job_args = _split_job_args(job_args)
+    address, job_args, detach = _split_job_args(job_args)
     address = address or args.address
+    detach = detach or args.detach
+    if detach and (address or os.environ.get("RAY_ADDRESS") or "local") == "local":
+        return _fail(
+            "run",
+            "--detach needs a running Ray cluster to outlive this process: give its --address "
+            "(or set RAY_ADDRESS); start one with 'rayflow cluster up' or 'ray start --head'",
+        )
     if not os.path.exists(path):
         hint = ""
         stem = os.path.splitext(os.path.basename(path))[0]
@@ -162,17 +185,43 @@ def _run(args: argparse.Namespace) -> int:
     # like `python JOB.py`: the script's directory comes first on sys.path
     if os.path.isfile(path):
         sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
-    progress.enable()
+    progress.enable(not detach)
+    detached.request(detach)
     try:
         runpy.run_path(path, run_name="__main__")
-    except (JobFailedError, JobResultLostError, PreflightError, NoRayClusterError) as exc:
+    except detached.JobDetached as submitted:
+        print(_detached_lines(submitted.job, address or os.environ["RAY_ADDRESS"]))
+        return 0
+    except (
+        JobFailedError,
+        JobResultLostError,
+        PreflightError,
+        NoRayClusterError,
+        ConcurrentRunError,
+    ) as exc:
         # rayflow's own verdict on the job says everything: no traceback into rayflow
         print(f"rayflow run: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     finally:
         progress.enable(False)
+        detached.request(False)
         sys.argv, sys.path[:] = saved_argv, saved_path
+    if detach:
+        return _fail("run", f"{path} ended without starting a job (no execute() call)")
     return 0
+
+
+def _detached_lines(job, address: str) -> str:
+    hint = f"--address {shlex.quote(address)}"
+    name = shlex.quote(job.name)
+    lines = [
+        f"job {job.name!r} submitted detached (job id {job.job_id}, run {job.run_id})",
+        f"  status:      rayflow jobs status {name} {hint}",
+        f"  cancel:      rayflow jobs cancel {name} {hint}",
+        f"  checkpoints: rayflow jobs checkpoints {name} {hint}",
+    ]
+    lines += [f"  sink {sink!r}: {words}" for sink, words in job.guarantees.items()]
+    return "\n".join(lines)
 
 
 # --- rayflow demo ------------------------------------------------------------------------
@@ -289,6 +338,7 @@ _SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
     _add_checkpoints,
     _add_bench,
     cluster_local.add_subcommand,
+    jobs_cli.add_subcommand,
 )
 
 

@@ -104,6 +104,8 @@ class NodeRecord:
     num_cpus: float
     log: str
     node_id: str | None = None
+    #: the node's Prometheus endpoint for Ray's and rayflow's metrics
+    metrics_port: int | None = None
 
 
 @dataclass
@@ -245,6 +247,7 @@ class LocalCluster:
 
     def _start_node(self, name: str, args: list[str], num_cpus: float) -> NodeRecord:
         log = self.directory / "logs" / f"{name}.log"
+        metrics_port = _free_port()
         command = [
             *RAY_CLI,
             "start",
@@ -255,6 +258,7 @@ class LocalCluster:
             f"--object-store-memory={self.spec.object_store_mb * 1024 * 1024}",
             f"--temp-dir={self.directory / name}",
             f"--dashboard-agent-listen-port={_free_port()}",
+            f"--metrics-export-port={metrics_port}",
             "--min-worker-port=0",
             "--max-worker-port=0",
             "--disable-usage-stats",
@@ -270,7 +274,9 @@ class LocalCluster:
                 start_new_session=True,  # a process group of its own: what `down` stops
             )
         stat = _stat(proc.pid)
-        return NodeRecord(name, proc.pid, stat[1] if stat else 0, num_cpus, str(log))
+        return NodeRecord(
+            name, proc.pid, stat[1] if stat else 0, num_cpus, str(log), metrics_port=metrics_port
+        )
 
     def up(self, timeout_s: float = 120.0, progress: Any = print) -> ClusterState:
         """Start the cluster; returns its state once every node is alive."""
@@ -412,6 +418,7 @@ class LocalCluster:
                     "process": "alive" if processes[n.name] else "gone",
                     "node_id": n.node_id,
                     "in_cluster": None if alive_ids is None else n.node_id in alive_ids,
+                    "metrics_port": n.metrics_port,
                 }
                 for n in state.nodes
             ],
@@ -551,6 +558,8 @@ def _describe_up(state: ClusterState) -> str:
         lines.append(
             f"  {n.name:<5} {n.num_cpus:g} CPU  resource {node_resource(n.name)}  node {n.node_id}"
         )
+        if n.metrics_port:
+            lines.append(f"        metrics: http://127.0.0.1:{n.metrics_port}/metrics")
     lines.append(f"  dashboard: {state.dashboard_url or 'off'}")
     lines.append("use it from this machine with:")
     for key, value in state.client_env().items():
@@ -575,4 +584,6 @@ def _describe_status(status: dict[str, Any]) -> str:
             f"  {n['name']:<5} pid {n['pid']:<8} process {n['process']:<5} "
             f"{n['cpus']:g} CPU  {n['resource']}  {where[n['in_cluster']]}"
         )
+        if n.get("metrics_port"):
+            lines.append(f"        metrics: http://127.0.0.1:{n['metrics_port']}/metrics")
     return "\n".join(lines)

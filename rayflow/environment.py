@@ -18,7 +18,7 @@ from typing import Any
 
 import ray
 
-from rayflow import preflight, progress
+from rayflow import detached, preflight, progress
 from rayflow.checkpoint.metadata import CheckpointMetadata
 from rayflow.checkpoint.storage import JobStorage, new_run_id, open_checkpoint_path
 from rayflow.config import CheckpointConfig, CheckpointingMode, RestartStrategy
@@ -348,11 +348,7 @@ class JobClient:
             return False
         if self._state is not None:
             return self._state is JobState.CANCELED
-        self._cancel_requested = True
-        try:
-            ray.get(self._master.cancel.remote())
-        except ray.exceptions.RayActorError:
-            pass  # wait() below lets a new job master finish the cancel
+        self.request_cancel()
         try:
             self.wait(timeout)
         except TimeoutError:
@@ -366,6 +362,23 @@ class JobClient:
         except Exception as exc:  # noqa: BLE001 - what wait() raises from now on
             self._outcome = exc
         return False
+
+    def request_cancel(self) -> None:
+        """Ask the job to cancel and return at once; ``wait()`` (in any thread) returns
+        once it is cleaned up (see ``cancel``)."""
+        self._cancel_requested = True
+        try:
+            ray.get(self._master.cancel.remote())
+        except ray.exceptions.RayActorError:
+            pass  # wait() lets a new job master finish the cancel
+
+    def snapshot(self, timeout: float = 10.0) -> dict[str, Any] | None:
+        """The job master's status, every subtask's metrics and the newest completed
+        checkpoint in one call; None while the job master does not answer."""
+        try:
+            return ray.get(self._master.progress.remote(), timeout=timeout)
+        except Exception:  # noqa: BLE001 - restarting, or over
+            return None
 
     def wait(self, timeout: float | None = None) -> JobResult:
         """Block until the job ends and return its result; raises
@@ -494,10 +507,7 @@ class JobClient:
             )
 
     def _progress_snapshot(self) -> dict[str, Any] | None:
-        try:
-            return ray.get(self._master.progress.remote(), timeout=10)
-        except Exception:  # noqa: BLE001 - restarting: skip this tick
-            return None
+        return self.snapshot()
 
     def _report_end(self, detail: str = "") -> None:
         state = self._state.value if self._state is not None else JobState.FINISHED.value
@@ -703,6 +713,67 @@ def _build_result(job_name: str, graph: JobGraph, raw: dict[str, Any]) -> JobRes
 
 def _guarantee_words(graph: JobGraph) -> dict[str, str]:
     return {name: r.end_to_end for name, r in graph.sink_guarantees().items() if r is not None}
+
+
+def start_run(
+    graph: JobGraph,
+    settings: JobSettings,
+    restore_from: str | None,
+    warm: WarmWorkerConfig | None = None,
+) -> JobClient:
+    """Start a run of ``graph`` on the connected Ray: take the job name's run lock, pick
+    what to restore, prune retained runs, set the sinks up and start the job master.
+    The lock is released again when any of that fails."""
+    job_name = settings.job_name
+    config = settings.checkpoint_config
+    lock = acquire_run_lock(job_name, settings.run_id)  # before choosing what to restore
+    try:
+        if restore_from is not None:
+            settings.initial_restore = _load_restore(config, job_name, restore_from)
+            check_channel_state(graph, settings.initial_restore, f"restore_from={restore_from!r}")
+        if config.is_checkpointing_enabled():
+            jobs = JobStorage(config.checkpoint_storage, job_name, config.storage_options)
+            source = settings.initial_restore.run_id if settings.initial_restore else None
+            jobs.prune_runs(config.num_retained_runs - 1, {settings.run_id, source})
+            settings.first_checkpoint_id = jobs.max_checkpoint_id() + 1
+        for spec in graph.sink_specs():
+            spec.sink.setup(job_name, spec.guarantee)
+        client = JobClient(job_name, settings.job_id, graph, settings, lock, warm)
+    except BaseException:
+        release_run_lock(lock)
+        raise
+    client._guarantees = _guarantee_words(graph)
+    return client
+
+
+def _load_restore(config: CheckpointConfig, job_name: str, restore_from: str) -> CheckpointMetadata:
+    if restore_from == "latest":
+        storage: Any = JobStorage(config.checkpoint_storage, job_name, config.storage_options)
+        checkpoint = None
+    else:
+        storage, checkpoint = open_checkpoint_path(restore_from, config.storage_options)
+    if isinstance(storage, JobStorage):
+        found = storage.latest()
+        if found is None:
+            raise FileNotFoundError(
+                f"restore_from={restore_from!r}: no completed checkpoint under "
+                f"{storage.location()!r}"
+            )
+        return found[1]
+    ids = storage.completed_ids()
+    if checkpoint is None:
+        if not ids:
+            raise FileNotFoundError(
+                f"restore_from={restore_from!r}: no completed checkpoint under "
+                f"{storage.location()!r}"
+            )
+        checkpoint = ids[-1]
+    elif checkpoint not in ids:
+        raise FileNotFoundError(
+            f"restore_from={restore_from!r}: checkpoint {checkpoint} is not complete "
+            f"(completed: {ids})"
+        )
+    return storage.load_metadata(checkpoint)
 
 
 class StreamExecutionEnvironment:
@@ -1068,59 +1139,28 @@ class StreamExecutionEnvironment:
         if self._preflight_checks:
             preflight.check_job(job_name, graph, config)  # before Ray starts
         ensure_ray()
+        if detached.is_requested():
+            job = detached.submit(graph, settings, restore_from, _guarantee_words(graph))
+            self._fault_plan = None  # a fault plan targets one run (rayflow.testing)
+            raise detached.JobDetached(job)
         warm_workers.job_starting()
         warm = self._warm_workers if not settings.subtask_options.get("runtime_env") else None
-        lock = acquire_run_lock(job_name, settings.run_id)  # before choosing what to restore
-        try:
-            if restore_from is not None:
-                settings.initial_restore = self._load_restore(job_name, restore_from)
-                check_channel_state(
-                    graph, settings.initial_restore, f"restore_from={restore_from!r}"
-                )
-            if config.is_checkpointing_enabled():
-                jobs = JobStorage(config.checkpoint_storage, job_name, config.storage_options)
-                source = settings.initial_restore.run_id if settings.initial_restore else None
-                jobs.prune_runs(config.num_retained_runs - 1, {settings.run_id, source})
-                settings.first_checkpoint_id = jobs.max_checkpoint_id() + 1
-            for spec in graph.sink_specs():
-                spec.sink.setup(job_name, spec.guarantee)
-            client = JobClient(job_name, settings.job_id, graph, settings, lock, warm)
-            self._fault_plan = None  # a fault plan targets one run (rayflow.testing)
-        except BaseException:
-            release_run_lock(lock)
-            raise
-        client._guarantees = _guarantee_words(graph)
+        client = start_run(graph, settings, restore_from, warm)
+        self._fault_plan = None  # a fault plan targets one run (rayflow.testing)
         return client
 
-    def _load_restore(self, job_name: str, restore_from: str) -> CheckpointMetadata:
-        config = self._checkpoint_config
-        if restore_from == "latest":
-            storage: Any = JobStorage(config.checkpoint_storage, job_name, config.storage_options)
-            checkpoint = None
-        else:
-            storage, checkpoint = open_checkpoint_path(restore_from, config.storage_options)
-        if isinstance(storage, JobStorage):
-            found = storage.latest()
-            if found is None:
-                raise FileNotFoundError(
-                    f"restore_from={restore_from!r}: no completed checkpoint under "
-                    f"{storage.location()!r}"
-                )
-            return found[1]
-        ids = storage.completed_ids()
-        if checkpoint is None:
-            if not ids:
-                raise FileNotFoundError(
-                    f"restore_from={restore_from!r}: no completed checkpoint under "
-                    f"{storage.location()!r}"
-                )
-            checkpoint = ids[-1]
-        elif checkpoint not in ids:
-            raise FileNotFoundError(
-                f"restore_from={restore_from!r}: checkpoint {checkpoint} is not complete "
-                f"(completed: {ids})"
-            )
-        return storage.load_metadata(checkpoint)
+    def execute_detached(
+        self, job_name: str = "rayflow job", restore_from: str | None = None
+    ) -> detached.DetachedJob:
+        """Start the job as a detached job and return a handle on it at once: it runs on
+        the Ray cluster of ``RAY_ADDRESS`` after this process exits (see
+        :mod:`rayflow.detached`; ``rayflow jobs`` lists, inspects and cancels it)."""
+        with detached.requested():
+            try:
+                self.execute_async(job_name, restore_from)
+            except detached.JobDetached as submitted:
+                return submitted.job
+        raise AssertionError("execute_async returned without submitting the detached job")
 
     def execute(self, job_name: str = "rayflow job", restore_from: str | None = None) -> JobResult:
         """Run the job to the end and return its result (see ``execute_async``)."""

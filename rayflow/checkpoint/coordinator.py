@@ -94,7 +94,11 @@ class CheckpointHistory:
     """Statistics of the last ``size`` checkpoints plus running totals since the job
     started: memory stays flat however long a job runs (Flink keeps 10 by default)."""
 
-    def __init__(self, size: int = 10) -> None:
+    def __init__(
+        self, size: int = 10, on_add: Callable[[dict[str, Any]], None] | None = None
+    ) -> None:
+        #: called with the statistics of each checkpoint as it ends (Ray's metrics)
+        self.on_add = on_add
         self.recent: collections.deque[dict[str, Any]] = collections.deque(maxlen=size)
         self.counts: dict[str, int] = {s.value: 0 for s in CheckpointStatus}
         self.completed_ids: collections.deque[int] = collections.deque(maxlen=size)
@@ -104,6 +108,8 @@ class CheckpointHistory:
 
     def add(self, stats: dict[str, Any]) -> None:
         self.recent.append(stats)
+        if self.on_add is not None:
+            self.on_add(stats)
         status = stats["status"]
         self.counts[status] = self.counts.get(status, 0) + 1
         if status == CheckpointStatus.COMPLETED:

@@ -39,6 +39,7 @@ arriving later (see :mod:`rayflow.runtime.channel_state`).
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import deque
 from typing import Any, Protocol
 
@@ -130,6 +131,8 @@ class InputGate:
         self._cursor = 0
         self._buffered = 0
         self.max_buffered = 0
+        #: bytes of batches taken by the subtask so far
+        self.bytes_taken = 0
         self._closed = False
         #: per channel, the sequence number of the next message ``next()`` hands out
         self.taken = [0] * num_channels
@@ -238,6 +241,7 @@ class InputGate:
         items, size = self._sizes[channel].popleft()
         self._items[channel] -= items
         self._bytes[channel] -= size
+        self.bytes_taken += size
         self.taken[channel] += 1
         self._buffered -= 1
         if debloater is not None:
@@ -339,6 +343,9 @@ class OutputChannel:
         #: messages that carried more than one item, and messages that carried batches
         self.bundles = 0
         self.data_messages = 0
+        #: bytes of batches sent, and seconds spent waiting for the window (backpressure)
+        self.bytes_sent = 0
+        self.backpressure_s = 0.0
 
     async def _acknowledged(self) -> None:
         """Await the oldest push; with ``adaptive``, take the credit it returns."""
@@ -367,6 +374,7 @@ class OutputChannel:
         self._in_flight_bytes += size
         if size:
             self.data_messages += 1
+            self.bytes_sent += size
         self._seq += 1
         if len(in_flight) > self.max_in_flight:
             self.max_in_flight = len(in_flight)
@@ -374,11 +382,16 @@ class OutputChannel:
     async def _send(self, message: Any) -> None:
         size, items = message_bytes(message), message_items(message)
         in_flight = self._in_flight
+        waited_from = 0.0
         while in_flight and (
             self._in_flight_items + items > self.current_window
             or self._in_flight_bytes + size > self.window_bytes
         ):
+            if not waited_from:
+                waited_from = time.monotonic()
             await self._acknowledged()
+        if waited_from:
+            self.backpressure_s += time.monotonic() - waited_from
         self._push(message, items, size)
 
     def _take_buffer(self) -> Bundle:

@@ -45,6 +45,7 @@ from rayflow.runtime.deployer import Deployer
 from rayflow.runtime.hooks import HookPoint
 from rayflow.runtime.output import MAX_LINES
 from rayflow.runtime.placement import JobPlacement, PlacementPlan
+from rayflow.runtime.ray_metrics import JobMetrics
 from rayflow.runtime.run_holds import hold_sinks, release_holds
 from rayflow.runtime.run_lock import release_run_lock_of
 from rayflow.runtime.settings import JobSettings
@@ -213,7 +214,8 @@ class JobMaster:
         self.attempt = -1
         self.started_at: float | None = None
         self.finished_at: float | None = None
-        self.history = CheckpointHistory(CHECKPOINT_HISTORY)
+        self.ray_metrics = JobMetrics(settings.job_name)
+        self.history = CheckpointHistory(CHECKPOINT_HISTORY, self.ray_metrics.checkpoint)
         self.checkpoint_failures = CheckpointFailureManager(
             settings.checkpoint_config.tolerable_failed_checkpoints
         )
@@ -433,6 +435,7 @@ class JobMaster:
             kind = FailureKind.RESTART_SETUP
             try:
                 self.attempt = supervisor.start_attempt()
+                self.ray_metrics.restarts(supervisor.state.restarts)
                 await self._persist()
                 await self._take_holds()  # before the run's first attempt touches anything
                 kind = FailureKind.ATTEMPT

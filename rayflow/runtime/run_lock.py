@@ -3,7 +3,8 @@
 Two runs of one job name at once would share what their sinks name after the job
 (part files, upload keys, transaction prefixes) and abort each other's transactions as
 lingering. So a run holds a lock for its job name: a small named actor in the
-``rayflow`` namespace, owned by the driver (it goes when the driver goes). A second
+``rayflow`` namespace, owned by the driver (it goes when the driver goes; for a detached
+job, by its job host, see :mod:`rayflow.detached`). A second
 run of the same name fails fast, naming the run that holds it.
 """
 

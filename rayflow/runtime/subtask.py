@@ -74,6 +74,7 @@ from rayflow.runtime.hooks import HookPoint, SubtaskHooks
 from rayflow.runtime.latency import DEFAULT_LATENCY_TRACKING_INTERVAL_MS, LatencyTracker
 from rayflow.runtime.operators import Operator, OperatorContext
 from rayflow.runtime.output import capture_stdout
+from rayflow.runtime.ray_metrics import EXPORT_INTERVAL_S, SubtaskMetricsExporter
 from rayflow.runtime.restore import StateHandle
 
 #: Concurrency group of control calls: never queued behind data pushes that wait for
@@ -346,6 +347,11 @@ class SubtaskActor:
             "started_at": None,
             "finished_at": None,
         }
+        #: alignment (s) of each checkpoint acknowledged since the last metrics export
+        self._alignments: list[float] = []
+        self._exporter = SubtaskMetricsExporter(
+            deployment.job_name, vertex.name, deployment.index, enabled=ray.is_initialized()
+        )
 
     def __repr__(self) -> str:
         # Ray names the actor by this in the log lines it forwards to the driver
@@ -574,6 +580,7 @@ class SubtaskActor:
     async def run(self) -> dict[str, Any]:
         self._loop = asyncio.get_running_loop()
         self.metrics_["started_at"] = time.time()
+        exporting = asyncio.ensure_future(self._export_metrics_periodically())
         try:
             self._open()
             await self._restore()
@@ -602,7 +609,39 @@ class SubtaskActor:
         except Exception as exc:
             raise self._operator_error(exc) from None
         finally:
+            exporting.cancel()
+            self._export_metrics()
             self._close_operators()
+
+    async def _export_metrics_periodically(self) -> None:
+        while True:
+            await asyncio.sleep(EXPORT_INTERVAL_S)
+            self._export_metrics()
+
+    def _export_metrics(self) -> None:
+        """Hand the counters' growth to Ray's metrics (see :mod:`rayflow.runtime.ray_metrics`)."""
+        alignments, self._alignments = self._alignments, []
+        if not self._exporter.enabled:
+            return
+        channels = [c for w in self.writers for c in w.channels]
+        m = self.metrics_
+        try:
+            operators = {
+                spec.name: op.metrics() for spec, op in zip(self.d.vertex.operators, self.operators)
+            }
+        except Exception:  # noqa: BLE001 - an operator's own figures: skip them this time
+            operators = {}
+        self._exporter.export(
+            {
+                "records_in": m["records_in"],
+                "records_out": m["records_out"],
+                "bytes_in": self.gate.bytes_taken,
+                "bytes_out": sum(c.bytes_sent for c in channels),
+                "backpressure_s": sum(c.backpressure_s for c in channels),
+            },
+            alignments,
+            operators,
+        )
 
     def _close_operators(self) -> None:
         for op in self.operators:
@@ -1064,4 +1103,5 @@ class SubtaskActor:
             return
         info["async_s"] = time.time() - started
         self._blobs[cid] = blob
+        self._alignments.append(info.get("alignment_s") or 0.0)
         self.d.master.acknowledge_checkpoint.remote(self.attempt, cid, self.key, info)

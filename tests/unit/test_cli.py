@@ -138,6 +138,75 @@ def test_run_address_sets_ray_address_and_is_not_passed_on(job, argv, monkeypatc
     assert seen["argv"] == [script, out, "-v"]
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["run", "--detach", "--address", "10.0.0.1:6379", "{script}", "{out}", "-v"],
+        ["run", "{script}", "--detach", "--address", "10.0.0.1:6379", "{out}", "-v"],
+    ],
+)
+def test_run_detach_is_taken_off_the_jobs_args(job, argv, monkeypatch, capsys):
+    """A script that never calls execute() under --detach: an error naming that."""
+    monkeypatch.setattr("rayflow.ray_connect.check_address", lambda address: None)  # no cluster
+    script, out = job
+    assert cli.main([a.format(script=script, out=out) for a in argv]) == 2
+    assert "ended without starting a job" in capsys.readouterr().err
+    assert _read(out)["argv"] == [script, out, "-v"]
+    from rayflow import detached
+
+    assert not detached.is_requested()  # only for that run
+
+
+def test_run_detach_needs_a_cluster(job, capsys):
+    script, out = job
+    assert cli.main(["run", "--detach", script, out]) == 2
+    assert "--detach needs a running Ray cluster" in capsys.readouterr().err
+
+
+def test_jobs_commands_need_a_cluster(monkeypatch, capsys):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert cli.main(["jobs", "status", "x"]) == 2
+    assert "--address" in capsys.readouterr().err
+
+
+def test_jobs_tables_read_as_a_user_expects():
+    from rayflow.jobs_cli import describe_checkpoints, describe_list, describe_status
+
+    status = {
+        "name": "orders",
+        "job_id": "abc",
+        "run_id": "run-1",
+        "state": "RUNNING",
+        "submitted_at": 1.0,
+        "started_at": 2.0,
+        "finished_at": None,
+        "attempt": 1,
+        "restarts": 1,
+        "failure": "subtask 1/2 of 'Sum' died",
+        "error": None,
+        "last_checkpoint": {"checkpoint_id": 7, "trigger_time": 3.0},
+        "records": {"numbers -> Map": {"records_in": 0, "records_out": 12000}},
+    }
+    listing = describe_list([status]).splitlines()
+    assert listing[0].split() == [
+        "NAME",
+        "STATE",
+        "RUN",
+        "SUBMITTED",
+        "RESTARTS",
+        "LAST",
+        "CHECKPOINT",
+    ]
+    assert listing[1].startswith("orders  RUNNING  run-1")
+    text = describe_status(status)
+    assert "job 'orders': RUNNING" in text and "12,000 out" in text and "last failure" in text
+    table = describe_checkpoints(
+        [{"checkpoint_id": 7, "status": "COMPLETED", "duration_s": 0.25, "size": 2048}]
+    )
+    assert "7" in table and "COMPLETED" in table and "250 ms" in table and "2,048 B" in table
+    assert describe_list([]) == "no detached jobs"
+
+
 def test_run_double_dash_passes_everything_to_job(job):
     script, out = job
     assert cli.main(["run", script, "--", out, "--address", "a:1"]) == 0

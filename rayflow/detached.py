@@ -1,0 +1,422 @@
+"""Detached jobs: runs that outlive the driver that submitted them.
+
+``rayflow run --detach JOB.py --address ADDR`` (or ``env.execute_detached(name)``)
+hands the job to a *job host*: a detached actor named after the job in the
+``rayflow-jobs`` namespace of the cluster. The host does what ``execute_async`` does
+on a driver (takes the job name's run lock, picks the restore point, prunes retained
+runs, sets the sinks up) and runs the job with a :class:`~rayflow.environment.JobClient`
+of its own, so a lost job master is taken over exactly as for an attached run. The job
+master and the run lock belong to the host, so they outlive the submitting driver; the
+subtasks and the placement group belong to the job master, as always.
+
+After the run ends (finished, failed or cancelled, and cleaned up), the host stays,
+holding the outcome, until it is removed: ``rayflow jobs status NAME`` shows it and
+``rayflow jobs remove NAME`` frees the name. A second detached submission under a name
+whose host is still there is refused with what holds the name (a live run must be
+cancelled, an ended one removed); the run lock still refuses any second live run of the
+name, attached or detached.
+
+The host runs on the head node (when Ray marks one), so losing any other node costs the
+job a restart or a job master takeover, not its host. What is not covered: the host itself
+is not restarted (its node is lost, or it is killed); its job master and subtasks go with it,
+and the next run of the job name recovers the sinks' open transactions, as after any crash.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+
+from rayflow.errors import ConcurrentRunError
+from rayflow.status import JobState
+
+__all__ = [
+    "NAMESPACE",
+    "DetachedJob",
+    "DetachedJobRunning",
+    "JobDetached",
+    "NoSuchDetachedJob",
+    "find",
+    "is_requested",
+    "list_jobs",
+    "request",
+    "requested",
+    "submit",
+]
+
+#: the Ray namespace of every job host; a host is named after its job
+NAMESPACE = "rayflow-jobs"
+
+#: how long a submission waits for the job to start (its host placed, its job master up)
+START_TIMEOUT_S = 300.0
+
+#: how often a host refreshes what it shows of a running job (status, checkpoints)
+REFRESH_S = 2.0
+
+_requested = False
+
+
+def request(on: bool = True) -> None:
+    """Submit every job this process starts as a detached job (``rayflow run --detach``)."""
+    global _requested
+    _requested = on
+
+
+def is_requested() -> bool:
+    return _requested
+
+
+@contextlib.contextmanager
+def requested() -> Iterator[None]:
+    """Within: jobs started here are submitted detached."""
+    before = _requested
+    request(True)
+    try:
+        yield
+    finally:
+        request(before)
+
+
+class JobDetached(BaseException):
+    """Raised by ``execute`` / ``execute_async`` once a job was submitted detached: the
+    script stops there (its result is not here to use). ``rayflow run --detach`` catches
+    it. A BaseException, so that a script's ``except Exception`` does not swallow it."""
+
+    def __init__(self, job: DetachedJob) -> None:
+        super().__init__(f"job {job.name!r} submitted detached")
+        self.job = job
+
+
+class NoSuchDetachedJob(LookupError):
+    """No detached job of that name on this cluster."""
+
+
+class DetachedJobRunning(RuntimeError):
+    """The detached job has not ended (cancel it first)."""
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}".rstrip(": ")
+
+
+def _result_summary(result: Any) -> dict[str, Any]:
+    records: dict[str, dict[str, int]] = {}
+    for m in result.metrics:
+        r = records.setdefault(m["vertex"], {"records_in": 0, "records_out": 0})
+        r["records_in"] += m["records_in"]
+        r["records_out"] += m["records_out"]
+    return {
+        "started_at": result.started_at,
+        "finished_at": result.finished_at,
+        "duration_s": result.duration_s,
+        "records": records,
+        "restarts": result.restarts,
+        "job_master_restarts": result.job_master_restarts,
+        "checkpoints_completed": len(result.completed_checkpoints),
+        "restored_from": result.restored_from,
+        "guarantees": dict(result.guarantees),
+        "latency": dict(result.latency),
+    }
+
+
+@ray.remote(num_cpus=0, max_restarts=0, max_concurrency=16)
+class JobHost:
+    """Runs one detached job and keeps its outcome until it is removed."""
+
+    def __init__(self, graph: Any, settings: Any, restore_from: str | None) -> None:
+        self.name = settings.job_name
+        self.job_id = settings.job_id
+        self.run_id = settings.run_id
+        self.submitted_at = time.time()
+        self._client: Any = None
+        self._start_error: BaseException | None = None
+        self._error: str | None = None
+        self._summary: dict[str, Any] | None = None
+        self._state = JobState.CREATED
+        self._snapshot: dict[str, Any] = {}
+        self._checkpoints: list[dict[str, Any]] = []
+        self._ended_at: float | None = None
+        self._final = False
+        self._started = threading.Event()
+        self._ended = threading.Event()
+        self._lock = threading.Lock()
+        threading.Thread(
+            target=self._run, args=(graph, settings, restore_from), daemon=True
+        ).start()
+
+    def _run(self, graph: Any, settings: Any, restore_from: str | None) -> None:
+        from rayflow.environment import start_run
+
+        try:
+            self._client = start_run(graph, settings, restore_from)
+        except BaseException as exc:  # noqa: BLE001 - the submitter gets it from started()
+            self._start_error = exc
+            self._error = _first_line(exc)
+            self._state = JobState.FAILED
+            self._ended.set()
+            return
+        finally:
+            self._started.set()
+        threading.Thread(target=self._refresh, daemon=True).start()
+        try:
+            result = self._client.wait()
+            self._summary = _result_summary(result)
+            with self._lock:
+                self._checkpoints = list(result.checkpoints)
+                self._final = True  # what the run returned: no later look overwrites it
+            state = JobState.FINISHED
+        except BaseException as exc:  # noqa: BLE001 - the outcome is what it holds
+            self._error = _first_line(exc)
+            state = self._client.get_job_status()
+            if not state.is_terminal:
+                state = JobState.FAILED
+        with self._lock:
+            self._state = state
+            self._ended_at = time.time()
+        self._ended.set()
+
+    def _refresh(self) -> None:
+        while not self._ended.wait(REFRESH_S):
+            self._refresh_once()
+
+    def _refresh_once(self) -> None:
+        snapshot = self._client.snapshot(timeout=10)
+        if snapshot is not None:
+            with self._lock:
+                self._snapshot = snapshot
+        try:
+            checkpoints = self._client.checkpoints()
+        except Exception:  # noqa: BLE001 - restarting or over: keep what was seen
+            return
+        with self._lock:
+            if not self._final:
+                self._checkpoints = checkpoints
+
+    # --- calls ---------------------------------------------------------------------------
+
+    def started(self, timeout_s: float = 300.0) -> dict[str, str]:
+        """Once the run started (its job master is up): its ids; raises what stopped it."""
+        if not self._started.wait(timeout_s):
+            raise TimeoutError(f"job {self.name!r} did not start within {timeout_s:g} s")
+        if self._start_error is not None:
+            raise self._start_error
+        return {"job_id": self.job_id, "run_id": self.run_id}
+
+    def status(self) -> dict[str, Any]:
+        with self._lock:
+            snapshot = dict(self._snapshot)
+            state = self._state
+        if not self._ended.is_set() and self._client is not None:
+            live = self._client.snapshot(timeout=5)
+            if live is not None:
+                snapshot = live
+            state = JobState(snapshot.get("state", JobState.CREATED))
+        records: dict[str, dict[str, int]] = {}
+        for m in snapshot.get("metrics") or []:
+            r = records.setdefault(m["vertex"], {"records_in": 0, "records_out": 0})
+            r["records_in"] += m["records_in"]
+            r["records_out"] += m["records_out"]
+        finished_at = snapshot.get("finished_at")
+        if self._ended.is_set():
+            # the last look at a running job is stale now: the outcome says more
+            summary = self._summary or {}
+            records = summary.get("records") or records
+            snapshot.setdefault("started_at", summary.get("started_at"))
+            finished_at = summary.get("finished_at") or finished_at or self._ended_at
+        return {
+            "name": self.name,
+            "job_id": self.job_id,
+            "run_id": self.run_id,
+            "state": state.value,
+            "submitted_at": self.submitted_at,
+            "started_at": snapshot.get("started_at"),
+            "finished_at": finished_at,
+            "attempt": snapshot.get("attempt"),
+            "restarts": snapshot.get("restarts", 0),
+            "failure": snapshot.get("failure"),
+            "error": self._error,
+            "last_checkpoint": snapshot.get("last_checkpoint"),
+            "checkpoint_summary": snapshot.get("checkpoint_summary"),
+            "records": records,
+            "result": self._summary,
+        }
+
+    def checkpoints(self) -> list[dict[str, Any]]:
+        if not self._ended.is_set() and self._client is not None:
+            try:
+                found = self._client.checkpoints()
+                with self._lock:
+                    if not self._final:
+                        self._checkpoints = found
+            except Exception:  # noqa: BLE001 - restarting: what was seen last
+                pass
+        with self._lock:
+            return list(self._checkpoints)
+
+    def cancel(self, timeout_s: float = 120.0) -> str:
+        """Cancel the job and return its state once it is cleaned up (CANCELED, or the
+        state it had ended in before the cancel took effect)."""
+        self._started.wait()
+        if not self._ended.is_set():
+            self._client.request_cancel()
+            if not self._ended.wait(timeout_s):
+                raise TimeoutError(
+                    f"job {self.name!r} is still cancelling after {timeout_s:g} s; "
+                    "its status says when it is done"
+                )
+        return self._state.value
+
+    def wait(self, timeout_s: float) -> str | None:
+        """The job's state once it ended, None if it is still going after ``timeout_s``."""
+        return self._state.value if self._ended.wait(timeout_s) else None
+
+    def ended(self) -> bool:
+        return self._ended.is_set()
+
+
+@dataclass
+class DetachedJob:
+    """A handle on a detached job (from ``submit``, ``find`` or ``execute_detached``)."""
+
+    name: str
+    job_id: str
+    run_id: str
+    host: Any
+    #: each sink's end-to-end guarantee, in words (known to the submitter only)
+    guarantees: dict[str, str] = field(default_factory=dict)
+
+    def status(self, timeout_s: float = 30.0) -> dict[str, Any]:
+        """State, ids, times, restarts, failure, last checkpoint and records per operator."""
+        return ray.get(self.host.status.remote(), timeout=timeout_s)
+
+    def checkpoints(self, timeout_s: float = 30.0) -> list[dict[str, Any]]:
+        """Statistics of the run's most recent checkpoints (as ``JobClient.checkpoints``)."""
+        return ray.get(self.host.checkpoints.remote(), timeout=timeout_s)
+
+    def cancel(self, timeout_s: float = 120.0) -> JobState:
+        """Cancel as ``JobClient.cancel`` does (subtasks gone, open transactions aborted,
+        run lock released, placement group removed); returns the state it ended in."""
+        return JobState(ray.get(self.host.cancel.remote(timeout_s), timeout=timeout_s + 30))
+
+    def wait(self, timeout_s: float) -> JobState | None:
+        """The state once the job ended, None while it still runs after ``timeout_s``."""
+        state = ray.get(self.host.wait.remote(timeout_s), timeout=timeout_s + 30)
+        return None if state is None else JobState(state)
+
+    def remove(self) -> None:
+        """Forget an ended job (its name is free again); a live one is refused."""
+        if not ray.get(self.host.ended.remote(), timeout=30):
+            raise DetachedJobRunning(
+                f"job {self.name!r} is still running: cancel it first "
+                f"(rayflow jobs cancel {self.name})"
+            )
+        ray.kill(self.host, no_restart=True)
+
+
+def _handle(name: str, host: Any, timeout_s: float = 30.0) -> DetachedJob:
+    status = ray.get(host.status.remote(), timeout=timeout_s)
+    return DetachedJob(name, status["job_id"], status["run_id"], host)
+
+
+def find(name: str) -> DetachedJob:
+    """The detached job of that name on the connected cluster."""
+    try:
+        host = ray.get_actor(name, namespace=NAMESPACE)
+    except ValueError:
+        raise NoSuchDetachedJob(f"no detached job named {name!r} on this cluster") from None
+    return _handle(name, host)
+
+
+def list_jobs(timeout_s: float = 10.0) -> list[dict[str, Any]]:
+    """The status of every detached job on the connected cluster (by name); a host that
+    does not answer in time is listed with state UNKNOWN."""
+    names = sorted(
+        a["name"]
+        for a in ray.util.list_named_actors(all_namespaces=True)
+        if a.get("namespace") == NAMESPACE
+    )
+    rows = []
+    for name in names:
+        try:
+            host = ray.get_actor(name, namespace=NAMESPACE)
+            rows.append(ray.get(host.status.remote(), timeout=timeout_s))
+        except Exception as exc:  # noqa: BLE001 - gone meanwhile, or busy
+            rows.append({"name": name, "state": "UNKNOWN", "error": _first_line(exc)})
+    return rows
+
+
+#: the resource Ray gives the head node only
+HEAD_NODE_RESOURCE = "node:__internal_head__"
+
+
+def _on_the_head_node() -> dict[str, Any]:
+    """Actor options that put the job host on the head node, where one is marked: the
+    cluster lives as long as it does, so losing any other node costs the job a restart
+    or a job master takeover, never its host."""
+    if any(HEAD_NODE_RESOURCE in n.get("Resources", {}) for n in ray.nodes() if n["Alive"]):
+        return {"resources": {HEAD_NODE_RESOURCE: 0.001}}
+    return {}
+
+
+def _refusal(name: str, status: dict[str, Any]) -> ConcurrentRunError:
+    state = status.get("state", "UNKNOWN")
+    if state in (s.value for s in JobState if s.is_terminal):
+        return ConcurrentRunError(
+            f"a detached job named {name!r} ended {state} (run {status.get('run_id')}) and is "
+            f"kept for inspection (rayflow jobs status {name}); remove it "
+            f"(rayflow jobs remove {name}) before submitting the name again"
+        )
+    return ConcurrentRunError(
+        f"detached job {name!r} is {state} (run {status.get('run_id')}); wait for it or "
+        f"cancel it (rayflow jobs cancel {name}), or submit this one under another name"
+    )
+
+
+def submit(
+    graph: Any, settings: Any, restore_from: str | None, guarantees: dict[str, str]
+) -> DetachedJob:
+    """Start a detached job on the connected cluster; returns once its job master is up
+    (or raises what stopped it: the name is taken, a run of it holds the run lock, the
+    restore point is missing, ...)."""
+    from rayflow.runtime.job_master import _unwrap
+
+    name = settings.job_name
+    for _ in range(50):
+        try:
+            host = JobHost.options(
+                name=name, namespace=NAMESPACE, lifetime="detached", **_on_the_head_node()
+            ).remote(graph, settings, restore_from)
+            break
+        except ValueError:
+            pass  # the name is taken: by a host, or by a dead one whose name goes soon
+        try:
+            existing = ray.get_actor(name, namespace=NAMESPACE)
+            status = ray.get(existing.status.remote(), timeout=30)
+        except ValueError:
+            continue  # removed meanwhile
+        except ray.exceptions.RayActorError:
+            time.sleep(0.1)  # a dead host: its name is released in a moment
+            continue
+        except ray.exceptions.GetTimeoutError:
+            status = {"state": "UNKNOWN (its host did not answer within 30 s)"}
+        raise _refusal(name, status)
+    else:
+        raise ConcurrentRunError(f"job {name!r}: could not register its detached job name")
+    try:
+        ids = ray.get(host.started.remote(START_TIMEOUT_S), timeout=START_TIMEOUT_S + 60)
+    except BaseException as exc:
+        ray.kill(host, no_restart=True)  # nothing started: the name is free again
+        if isinstance(exc, ray.exceptions.GetTimeoutError):
+            raise TimeoutError(
+                f"job {name!r}: its job host did not start within {START_TIMEOUT_S + 60:g} s "
+                "(no room for it on the head node?)"
+            ) from None
+        raise _unwrap(exc) from None
+    return DetachedJob(name, ids["job_id"], ids["run_id"], host, dict(guarantees))
