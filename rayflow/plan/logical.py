@@ -55,6 +55,8 @@ class Transformation:
     max_parallelism: int | None = None
     uid: str | None = None
     source: Any = None
+    #: a source's ``WatermarkStrategy`` (``rayflow.eventtime``), None: no event time
+    watermark_strategy: Any = None
     sink: Any = None
     operator_factory: Callable[[], Any] | None = None
     chainable: bool = True

@@ -62,6 +62,8 @@ class VertexSpec:
     operators: list[OperatorSpec] = field(default_factory=list)
     source: Any = None
     source_uid: str | None = None
+    #: the source's ``WatermarkStrategy``, None: it generates no watermarks
+    watermark_strategy: Any = None
     sinks: list[Any] = field(default_factory=list)
     in_edges: list[int] = field(default_factory=list)
     out_edges: list[int] = field(default_factory=list)
@@ -225,6 +227,7 @@ def build_job_graph(
         if t.kind == "source":
             vertex.source = t.source
             vertex.source_uid = uid
+            vertex.watermark_strategy = t.watermark_strategy
         else:
             vertex.operators.append(
                 OperatorSpec(
