@@ -37,6 +37,9 @@ def check_parallelism(owner: str, value: Any, what: str = "parallelism") -> int:
 class InputEdge:
     upstream: int
     partitioner: PartitionerSpec
+    #: the upstream's side output (an ``OutputTag`` id) this edge reads; None: its main
+    #: output
+    side_output: str | None = None
 
 
 @dataclass

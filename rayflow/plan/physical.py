@@ -51,6 +51,8 @@ class EdgeSpec:
     source_vertex: int
     target_vertex: int
     partitioner: PartitionerSpec
+    #: the side output (tag id) of the sending vertex this edge carries; None: its main
+    side_output: str | None = None
 
 
 @dataclass
@@ -195,6 +197,7 @@ def build_job_graph(
             and t.chainable
             and upstream.chainable
             and inputs[0].partitioner.kind is PartitionKind.FORWARD
+            and inputs[0].side_output is None
             and consumer_count[upstream.id] == 1
             and parallelism[upstream.id] == parallelism[t.id]
             and group[upstream.id] == group[t.id]
@@ -217,6 +220,7 @@ def build_job_graph(
                     source_vertex=vertex_of[edge.upstream],
                     target_vertex=vertex.vertex_id,
                     partitioner=edge.partitioner,
+                    side_output=edge.side_output,
                 )
                 edges[edge_spec.edge_id] = edge_spec
                 vertex.in_edges.append(edge_spec.edge_id)
@@ -263,7 +267,9 @@ def _resolve_inputs(
         if upstream.kind != "union":
             resolved.append(
                 InputEdge(
-                    edge.upstream, PartitionerSpec(edge.partitioner.kind, edge.partitioner.key)
+                    edge.upstream,
+                    PartitionerSpec(edge.partitioner.kind, edge.partitioner.key),
+                    edge.side_output,
                 )
             )
             continue
@@ -273,5 +279,7 @@ def _resolve_inputs(
                 if edge.partitioner.kind is not PartitionKind.DEFAULT
                 else (inner.partitioner)
             )
-            resolved.append(InputEdge(inner.upstream, PartitionerSpec(spec.kind, spec.key)))
+            resolved.append(
+                InputEdge(inner.upstream, PartitionerSpec(spec.kind, spec.key), inner.side_output)
+            )
     return resolved

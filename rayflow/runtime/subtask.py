@@ -45,6 +45,7 @@ from rayflow.errors import OperatorError
 from rayflow.eventtime.source_watermarks import SourceWatermarks
 from rayflow.eventtime.strategy import MAX_WATERMARK, MIN_WATERMARK
 from rayflow.eventtime.valve import EVENT_TIME_KEY, ValveState, WatermarkValve
+from rayflow.outputs import SideOutput
 from rayflow.plan.partitioners import Partitioner, PartitionerSpec
 from rayflow.plan.physical import VertexSpec
 from rayflow.recoverability import classify
@@ -103,6 +104,8 @@ class OutputDeployment:
     partitioner: PartitionerSpec
     receivers: list[tuple[Any, int]]  # (actor handle, channel index at that receiver)
     max_parallelism: int = 128  # the receiving operator's: keys go to its key groups
+    #: the side output (tag id) this edge carries; None: the main output
+    side_output: str | None = None
 
 
 @dataclass
@@ -240,6 +243,7 @@ class _RecordWriter:
         )
         self._next_marker_channel = 0
         self._on_buffered = on_buffered
+        self.side_output = output.side_output
 
     async def emit(self, batch: pa.RecordBatch, origin: float) -> int:
         rows = 0
@@ -1027,24 +1031,35 @@ class SubtaskActor:
     async def _process(self, batch: pa.RecordBatch, start: int = 0) -> None:
         batches = [batch]
         operators = self.operators
+        last = len(operators) - 1
         for position in range(start, len(operators)):
             op = operators[position]
             self._current_operator = self.d.vertex.operators[position].name
             produced: list[pa.RecordBatch] = []
             for b in batches:
+                if isinstance(b, SideOutput):
+                    continue  # a side output read by nothing (a chain goes on with the main)
                 produced.extend(op.process(b))
             if not produced:
                 return
             batches = produced
+            if position < last:
+                batches = [b for b in produced if not isinstance(b, SideOutput)]
         await self._emit(batches)
 
-    async def _emit(self, batches: list[pa.RecordBatch]) -> None:
+    async def _emit(self, batches: list[pa.RecordBatch | SideOutput]) -> None:
         origin = self._origin or time.time()
         for b in batches:
             if b.num_rows == 0:
                 continue
+            if isinstance(b, SideOutput):
+                for writer in self.writers:
+                    if writer.side_output == b.tag:
+                        self.metrics_["records_out"] += await writer.emit(b.batch, origin)
+                continue
             for writer in self.writers:
-                self.metrics_["records_out"] += await writer.emit(b, origin)
+                if writer.side_output is None:
+                    self.metrics_["records_out"] += await writer.emit(b, origin)
             self.metrics_["batches_out"] += 1
 
     async def _end_of_input(self) -> None:
