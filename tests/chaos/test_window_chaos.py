@@ -41,6 +41,19 @@ def test_window_sums_exactly_once_after_seeded_kills(parallelism, seed, tmp_path
 
 
 @pytest.mark.chaos
+def test_window_sums_exactly_once_with_unaligned_checkpoints(tmp_path):
+    # watermarks in flight are channel state, replayed in order after a restore
+    table = make_records(N, 13)
+    plan = FaultPlan.seeded_kills(
+        13, kills=3, parallelism=2, records_per_subtask=N // 2, vertex="window-sum"
+    )
+    env, sums, late = build(table, 2, str(tmp_path), plan=plan, rate=RATE, unaligned=True)
+    result = env.execute(unique_job("window-unaligned"))
+    assert result.restarts >= 3, result.failures
+    check(outcome(result, sums, late), table)
+
+
+@pytest.mark.chaos
 def test_window_rescale_from_2_to_3(tmp_path):
     table = make_records(N, 5)
     job = unique_job("window-rescale")

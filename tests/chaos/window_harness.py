@@ -79,10 +79,13 @@ def build(
     rate: float | None = None,
     sinks: tuple[CollectSink, CollectSink] | None = None,
     checkpoint_ms: int = 100,
+    unaligned: bool = False,
 ) -> tuple[StreamExecutionEnvironment, CollectSink, CollectSink]:
     env = StreamExecutionEnvironment.get_execution_environment().set_parallelism(parallelism)
     env.enable_checkpointing(checkpoint_ms)
     env.get_checkpoint_config().set_checkpoint_storage(storage)
+    if unaligned:
+        env.get_checkpoint_config().enable_unaligned_checkpoints()
     env.set_restart_strategy(RestartStrategies.fixed_delay_restart(10, 50))
     if plan is not None:
         inject_faults(env, plan)

@@ -176,3 +176,19 @@ def test_from_source_takes_a_strategy_or_a_name():
     assert s2._transformation.watermark_strategy is strategy
     with pytest.raises(TypeError):
         env.from_source(CollectionSource([{"t": 1}]), object(), "x")
+
+
+def test_channel_state_keeps_watermarks_in_order_with_the_data():
+    from rayflow.runtime.channel_state import ChannelStateRecorder, channel_state_size
+    from rayflow.runtime.events import Bundle, LatencyMarker, Watermark, WatermarkStatus
+
+    data = pa.RecordBatch.from_pydict({"x": [1, 2]})
+    recorder = ChannelStateRecorder(1, [0, 0], lambda r: None)
+    recorder.offer(0, 0, Bundle((data, Watermark(5), LatencyMarker(0.0, "s", 0))))
+    recorder.offer(0, 1, WatermarkStatus(True))
+    recorder.offer(1, 0, Watermark(7))  # a channel with watermarks alone: nothing to keep
+    recorder.set_end(0, 2)
+    recorder.set_end(1, 1)
+    state = recorder.channel_state()
+    assert state == {0: [data, Watermark(5), WatermarkStatus(True)]}
+    assert channel_state_size(state) == data.nbytes
