@@ -364,6 +364,7 @@ class KeyedProcessOperator(_KeyedOperator):
         self._timer_ctx = KeyedProcessFunction.OnTimerContext(self.backend, service)
         self._out = self._output()
         self._timed = False  # the input carries event timestamps
+        self._ended = False
 
     def restore_state(self, snapshots: list[Any]) -> None:
         super().restore_state(snapshots)
@@ -432,10 +433,14 @@ class KeyedProcessOperator(_KeyedOperator):
         return self._fire(self.timers.pop_event, TimeDomain.EVENT_TIME)
 
     def on_timer(self, token: Any) -> list[pa.RecordBatch] | None:
-        if token != _PROCESSING_WAKE:
-            return None
+        if token != _PROCESSING_WAKE or self._ended:
+            return None  # after the end of input nothing more goes out (as in Flink)
         self.timers.on_wake()
         return self._fire(self.timers.pop_processing, TimeDomain.PROCESSING_TIME)
+
+    def end_input(self) -> list[pa.RecordBatch]:
+        self._ended = True
+        return []
 
 
 def _skipping_nulls(combine: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:

@@ -166,6 +166,7 @@ class WindowOperator(_KeyedOperator):
         schedule = (lambda delay_s: timers.schedule(delay_s, _WAKE)) if timers is not None else None
         self.timers = InternalTimerService(self.backend, schedule)
         self._out = self._output()
+        self._ended = False
         kind = self.window_kind
         if kind is WindowKind.AGGREGATION:
             self._acc: _Accumulation = _Builtin(self.aggregation, self.field)
@@ -428,12 +429,13 @@ class WindowOperator(_KeyedOperator):
         return self._fire(self.timers.pop_event)
 
     def on_timer(self, token: Any) -> list[Any] | None:
-        if token != _WAKE:
-            return None
+        if token != _WAKE or self._ended:
+            return None  # after the end of input nothing more goes out
         self.timers.on_wake()
         return self._fire(self.timers.pop_processing)
 
     def end_input(self) -> list[Any]:
+        self._ended = True
         if self._event_time:
             return []
         # bounded input ends: processing-time windows fire what they hold

@@ -4,15 +4,17 @@ keyed event-time timers that fire exactly once across kills and restores."""
 from __future__ import annotations
 
 import random
+import time
 from collections import Counter
 
+import pyarrow as pa
 import pytest
 
 from rayflow import StreamExecutionEnvironment
 from rayflow.config import RestartStrategies
 from rayflow.eventtime import MAX_WATERMARK, Duration, WatermarkStrategy
 from rayflow.functions import KeyedProcessFunction
-from rayflow.sources import CollectionSource
+from rayflow.sources import CollectionSource, Source, SourceReader, SourceSplit
 from rayflow.state import MapStateDescriptor
 from rayflow.testing import Fault, FaultPlan, FaultPoint, inject_faults
 from sinks.basic import CollectSink
@@ -115,3 +117,65 @@ def test_event_time_timers_exactly_once_across_kills(tmp_path):
     result = env.execute("event-time-timers-chaos")
     assert result.restarts >= 3, result.failures
     assert fired(result, sink) == expected(rows)
+
+
+class _IdleOrData(SourceReader):
+    """Reads ``rows`` in batches of 50 if it has the data split; with the idle split it
+    has nothing to read (empty batches) for ``idle_s``, then ends."""
+
+    def __init__(self, splits, rows, idle_s):
+        self.splits = splits
+        self.rows = rows if splits and splits[0].split_id == "data" else []
+        self.offset = 0
+        self.ends_at = time.monotonic() + idle_s
+
+    def read_batch(self):
+        if self.rows:
+            if self.offset >= len(self.rows):
+                return None
+            chunk = self.rows[self.offset : self.offset + 50]
+            self.offset += len(chunk)
+            time.sleep(0.04)  # still reading well after the other split turned idle
+            return pa.RecordBatch.from_pylist(chunk)
+        if time.monotonic() < self.ends_at:
+            return pa.RecordBatch.from_pylist([], schema=pa.schema([("k", pa.int64())]))
+        return None
+
+    def snapshot_splits(self):
+        return list(self.splits)
+
+
+class IdleOrDataSource(Source):
+    def __init__(self, rows, idle_s):
+        self.rows = rows
+        self.idle_s = idle_s
+
+    def create_splits(self, parallelism):
+        return [SourceSplit("data"), SourceSplit("idle")]
+
+    def create_reader(self, splits):
+        return _IdleOrData(splits, self.rows, self.idle_s)
+
+
+def test_an_idle_source_subtask_holds_event_time_back_no_longer():
+    rows = records(1000)
+    env = StreamExecutionEnvironment.get_execution_environment().set_parallelism(2)
+    strategy = (
+        WatermarkStrategy.for_bounded_out_of_orderness(Duration.of_millis(DISORDER))
+        .with_timestamp_assigner("t")
+        .with_idleness(Duration.of_millis(100))
+    )
+    sink = CollectSink()
+    (
+        env.from_source(IdleOrDataSource(rows, idle_s=4.0), strategy, "events")
+        .key_by("k")
+        .process(BucketCounts(), "buckets")
+        .set_parallelism(1)
+        .sink_to(sink, "out")
+        .set_parallelism(1)
+    )
+    result = env.execute("idle-source")
+    assert fired(result, sink) == expected(rows)
+    # the idle subtask was left out: windows fired on the data subtask's watermarks alone
+    watermarks = result.sink_result(sink).column("wm").to_pylist()
+    assert min(watermarks) < MAX_WATERMARK
