@@ -1,7 +1,8 @@
 """The window operator: keyed windows, their state and timers, late records.
 
 State is keyed state (checkpointed, restored and rescaled by key group): for tumbling
-and sliding windows ``(key, window) -> accumulator`` in state ``WINDOW_STATE``, for
+and sliding windows ``(key, window start) -> accumulator`` in state ``WINDOW_STATE`` (the
+assigner's size gives the end), for
 sessions ``key -> {window: accumulator}`` in ``SESSION_STATE``; each window has a timer
 (namespace: the window) at its last millisecond, when it fires, and, with allowed
 lateness, another at ``max timestamp + lateness``, when its state is dropped.
@@ -285,24 +286,27 @@ class WindowOperator(_KeyedOperator):
         groups = key_groups_of_array(keys, self.context.max_parallelism).tolist()
         combine = self._acc.merge
         backend, register = self.backend, self._register
-        watermark = self.timers.watermark
+        # a window at or before this start has fired already (event time)
+        fired_up_to = self.timers.watermark - size + 1 if self._event_time else None
+        tables: dict[int, dict] = {}
         for key, start, group, partial in zip(
             keys.to_pylist(),
             grouped.column("s").to_pylist(),
             groups,
             grouped.column(partial_name).to_pylist(),
         ):
-            window = TimeWindow(start, start + size)
-            table = backend.table_for_group(group, WINDOW_STATE)
-            entry = (key, window)
+            table = tables.get(group)
+            if table is None:
+                table = tables[group] = backend.table_for_group(group, WINDOW_STATE)
+            entry = (key, start)
             previous = table.get(entry, _MISSING)
             if previous is _MISSING:
                 table[entry] = partial
-                register(key, window)
+                register(key, TimeWindow(start, start + size))
             else:
                 table[entry] = combine(previous, partial)
-            if window.max_timestamp() <= watermark and self._event_time:
-                out.touched(key, window)
+            if fired_up_to is not None and start <= fired_up_to:
+                out.touched(key, TimeWindow(start, start + size))
 
     def _add_per_record(
         self,
@@ -318,17 +322,16 @@ class WindowOperator(_KeyedOperator):
         watermark = self.timers.watermark
         for i, start in zip(rows_of.tolist(), starts.tolist()):
             key = keys[i]
-            window = TimeWindow(start, start + size)
             table = backend.table_of_key(key, WINDOW_STATE)
-            entry = (key, window)
+            entry = (key, start)
             current = table.get(entry, _MISSING)
             if current is _MISSING:
                 current = acc.create()
-                self._register(key, window)
+                self._register(key, TimeWindow(start, start + size))
             backend.set_current_key(key)
             table[entry] = acc.add(current, rows[i])
-            if window.max_timestamp() <= watermark and self._event_time:
-                out.touched(key, window)
+            if start + size - 1 <= watermark and self._event_time:
+                out.touched(key, TimeWindow(start, start + size))
 
     def _add_to_sessions(
         self, batch: pa.RecordBatch, stamps: np.ndarray, out: _Fired
@@ -390,7 +393,7 @@ class WindowOperator(_KeyedOperator):
         if self.spec.assigner.merging:
             sessions = self.backend.table_of_key(key, SESSION_STATE).get(key)
             return _MISSING if sessions is None else sessions.get(window, _MISSING)
-        return self.backend.table_of_key(key, WINDOW_STATE).get((key, window), _MISSING)
+        return self.backend.table_of_key(key, WINDOW_STATE).get((key, window.start), _MISSING)
 
     def _clear(self, key: Any, window: TimeWindow) -> None:
         if self.spec.assigner.merging:
@@ -401,7 +404,7 @@ class WindowOperator(_KeyedOperator):
                 if not sessions:
                     del table[key]
         else:
-            self.backend.table_of_key(key, WINDOW_STATE).pop((key, window), None)
+            self.backend.table_of_key(key, WINDOW_STATE).pop((key, window.start), None)
         if self.window_kind is WindowKind.PROCESS:
             self.backend.set_current_key(key)
             self._window_ctx._window = window
