@@ -29,6 +29,7 @@ if TYPE_CHECKING:
         JobResultLostError,
         OperatorError,
     )
+    from rayflow.eventtime import Duration, TimeDomain, TimestampAssigner, WatermarkStrategy
     from rayflow.failures import FailureEntry
     from rayflow.functions import (
         FilterFunction,
@@ -37,8 +38,10 @@ if TYPE_CHECKING:
         MapFunction,
         ReduceFunction,
         RuntimeContext,
+        TimerService,
     )
     from rayflow.guarantees import DeliveryGuarantee
+    from rayflow.outputs import OutputTag
     from rayflow.recoverability import NonRecoverableError
     from rayflow.sink import (
         CommitOutcome,
@@ -63,6 +66,18 @@ if TYPE_CHECKING:
         ReducingStateDescriptor,
         ValueState,
         ValueStateDescriptor,
+    )
+    from rayflow.windowing import (
+        AggregateFunction,
+        EventTimeSessionWindows,
+        ProcessingTimeSessionWindows,
+        ProcessWindowFunction,
+        SlidingEventTimeWindows,
+        SlidingProcessingTimeWindows,
+        TimeWindow,
+        TumblingEventTimeWindows,
+        TumblingProcessingTimeWindows,
+        WindowedStream,
     )
 
 __version__ = "0.1.0"
@@ -116,6 +131,22 @@ _EXPORTS: dict[str, str] = {
     "OperatorError": "rayflow.errors",
     "NonRecoverableError": "rayflow.recoverability",
     "FailureEntry": "rayflow.failures",
+    "WatermarkStrategy": "rayflow.eventtime",
+    "Duration": "rayflow.eventtime",
+    "TimestampAssigner": "rayflow.eventtime",
+    "TimeDomain": "rayflow.eventtime",
+    "TimerService": "rayflow.functions",
+    "OutputTag": "rayflow.outputs",
+    "WindowedStream": "rayflow.windowing",
+    "TimeWindow": "rayflow.windowing",
+    "TumblingEventTimeWindows": "rayflow.windowing",
+    "TumblingProcessingTimeWindows": "rayflow.windowing",
+    "SlidingEventTimeWindows": "rayflow.windowing",
+    "SlidingProcessingTimeWindows": "rayflow.windowing",
+    "EventTimeSessionWindows": "rayflow.windowing",
+    "ProcessingTimeSessionWindows": "rayflow.windowing",
+    "AggregateFunction": "rayflow.windowing",
+    "ProcessWindowFunction": "rayflow.windowing",
 }
 
 __all__ = [
@@ -166,6 +197,22 @@ __all__ = [
     "OperatorError",
     "NonRecoverableError",
     "FailureEntry",
+    "WatermarkStrategy",
+    "Duration",
+    "TimestampAssigner",
+    "TimeDomain",
+    "TimerService",
+    "OutputTag",
+    "WindowedStream",
+    "TimeWindow",
+    "TumblingEventTimeWindows",
+    "TumblingProcessingTimeWindows",
+    "SlidingEventTimeWindows",
+    "SlidingProcessingTimeWindows",
+    "EventTimeSessionWindows",
+    "ProcessingTimeSessionWindows",
+    "AggregateFunction",
+    "ProcessWindowFunction",
     "__version__",
 ]
 
@@ -191,6 +238,9 @@ _SUBMODULES = frozenset(
         "errors",
         "failures",
         "functions",
+        "eventtime",
+        "windowing",
+        "outputs",
         "guarantees",
         "inprocess",
         "keygroups",

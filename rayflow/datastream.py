@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from rayflow.functions import KeyedProcessFunction
+from rayflow.outputs import OutputTag
 from rayflow.plan.logical import InputEdge, Transformation, check_parallelism
 from rayflow.plan.partitioners import KeySelector, PartitionerSpec, PartitionKind
 from rayflow.plan.resources import ResourceSpec, check_slot_sharing_group
@@ -21,6 +22,8 @@ from rayflow.sink import Sink
 
 if TYPE_CHECKING:
     from rayflow.environment import StreamExecutionEnvironment
+    from rayflow.windowing.assigners import WindowAssigner
+    from rayflow.windowing.stream import WindowedStream
 
 __all__ = ["DataStream", "KeyedStream", "DataStreamSink"]
 
@@ -41,10 +44,13 @@ class DataStream:
         env: StreamExecutionEnvironment,
         transformation: Transformation,
         partitioner: PartitionerSpec | None = None,
+        side_output: str | None = None,
     ) -> None:
         self._env = env
         self._transformation = transformation
         self._partitioner = partitioner or PartitionerSpec()
+        #: the side output of ``transformation`` this stream is (a tag id); None: its main
+        self._side_output = side_output
 
     # --- naming and parallelism of the producing transformation --------------------------
 
@@ -100,21 +106,36 @@ class DataStream:
 
     # --- partitioning ---------------------------------------------------------------------
 
+    def _repartitioned(self, partitioner: PartitionerSpec) -> DataStream:
+        return DataStream(self._env, self._transformation, partitioner, self._side_output)
+
     def forward(self) -> DataStream:
-        return DataStream(self._env, self._transformation, PartitionerSpec(PartitionKind.FORWARD))
+        return self._repartitioned(PartitionerSpec(PartitionKind.FORWARD))
 
     def rebalance(self) -> DataStream:
-        return DataStream(self._env, self._transformation, PartitionerSpec(PartitionKind.REBALANCE))
+        return self._repartitioned(PartitionerSpec(PartitionKind.REBALANCE))
 
     def broadcast(self) -> DataStream:
-        return DataStream(self._env, self._transformation, PartitionerSpec(PartitionKind.BROADCAST))
+        return self._repartitioned(PartitionerSpec(PartitionKind.BROADCAST))
 
     def key_by(self, key: str | list[str] | Callable[[dict[str, Any]], Hashable]) -> KeyedStream:
         """Partition by key: a column name, a list of columns, or a function of the record."""
         selector = KeySelector(key)
         return KeyedStream(
-            self._env, self._transformation, PartitionerSpec(PartitionKind.HASH, selector)
+            self._env,
+            self._transformation,
+            PartitionerSpec(PartitionKind.HASH, selector),
+            self._side_output,
         )
+
+    def get_side_output(self, output_tag: OutputTag) -> DataStream:
+        """The records this stream's operator sent to the side output ``output_tag``
+        (e.g. a window's late records, ``side_output_late_data``)."""
+        if not isinstance(output_tag, OutputTag):
+            raise TypeError(
+                f"get_side_output: expected an OutputTag, got {type(output_tag).__name__}"
+            )
+        return DataStream(self._env, self._transformation, PartitionerSpec(), output_tag.tag_id)
 
     # --- transformations -----------------------------------------------------------------
 
@@ -124,7 +145,7 @@ class DataStream:
         return self._env._plan.add(
             name=name,
             kind=kind,
-            inputs=[InputEdge(self._transformation.id, self._partitioner)],
+            inputs=[InputEdge(self._transformation.id, self._partitioner, self._side_output)],
             operator_factory=factory,
             sink=sink,
         )
@@ -162,7 +183,10 @@ class DataStream:
         return DataStream(self._env, self._add(name, ops.factory(ops.MapBatchesOperator, func)))
 
     def union(self, *streams: DataStream) -> DataStream:
-        inputs = [InputEdge(s._transformation.id, s._partitioner) for s in (self, *streams)]
+        inputs = [
+            InputEdge(s._transformation.id, s._partitioner, s._side_output)
+            for s in (self, *streams)
+        ]
         for s in streams:
             if s._env is not self._env:
                 raise ValueError("union: all streams must come from the same environment")
@@ -215,6 +239,13 @@ class KeyedStream(DataStream):
             raise TypeError(f"process: expected a KeyedProcessFunction, got {type(func).__name__}")
         factory = ops.factory(ops.KeyedProcessOperator, self._key, func, _output_type(output_type))
         return DataStream(self._env, self._add(name, factory))
+
+    def window(self, window_assigner: WindowAssigner) -> WindowedStream:
+        """Cut each key's records into windows (``TumblingEventTimeWindows.of(...)``,
+        sliding, session; event or processing time)."""
+        from rayflow.windowing.stream import WindowedStream
+
+        return WindowedStream(self, window_assigner)
 
     def _aggregate(self, aggregation: str, field: str | None, name: str) -> DataStream:
         return DataStream(

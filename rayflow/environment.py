@@ -24,6 +24,7 @@ from rayflow.checkpoint.storage import JobStorage, new_run_id, open_checkpoint_p
 from rayflow.config import CheckpointConfig, CheckpointingMode, RestartStrategy
 from rayflow.datastream import DataStream
 from rayflow.errors import JobCancelledError, JobFailedError, JobResultLostError
+from rayflow.eventtime.strategy import WatermarkStrategy
 from rayflow.failures import FailureEntry
 from rayflow.guarantees import CheckpointingFacts, GuaranteeResolution
 from rayflow.keygroups import DEFAULT_MAX_PARALLELISM
@@ -1028,10 +1029,34 @@ class StreamExecutionEnvironment:
 
     # --- sources -------------------------------------------------------------------------
 
-    def from_source(self, source: Source, source_name: str = "Source") -> DataStream:
+    def from_source(
+        self,
+        source: Source,
+        watermark_strategy: WatermarkStrategy | str | None = None,
+        source_name: str = "Source",
+    ) -> DataStream:
+        """A stream read from ``source`` (PyFlink's ``from_source(source,
+        watermark_strategy, source_name)``). With a ``WatermarkStrategy`` every record
+        gets an event timestamp and each split generates watermarks; the strategy may be
+        left out (``from_source(source, "name")``)."""
         if not isinstance(source, Source):
             raise TypeError(f"from_source: expected a rayflow Source, got {type(source).__name__}")
-        return DataStream(self, self._plan.add(name=source_name, kind="source", source=source))
+        if isinstance(watermark_strategy, str):
+            watermark_strategy, source_name = None, watermark_strategy
+        if watermark_strategy is not None and not isinstance(watermark_strategy, WatermarkStrategy):
+            raise TypeError(
+                "from_source: watermark_strategy must be a WatermarkStrategy, got "
+                f"{type(watermark_strategy).__name__}"
+            )
+        return DataStream(
+            self,
+            self._plan.add(
+                name=source_name,
+                kind="source",
+                source=source,
+                watermark_strategy=watermark_strategy,
+            ),
+        )
 
     def from_collection(self, collection: Any, source_name: str = "Collection") -> DataStream:
         """Records from a list: dicts (column -> value), tuples (columns ``f0, f1, ...``)

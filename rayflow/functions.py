@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from rayflow.eventtime.timers import InternalTimerService, TimeDomain
 from rayflow.state import (
     KeyedStateBackend,
     ListState,
@@ -31,6 +32,7 @@ __all__ = [
     "FilterFunction",
     "ReduceFunction",
     "KeyedProcessFunction",
+    "TimerService",
 ]
 
 
@@ -118,22 +120,84 @@ class ReduceFunction(Function):
         raise NotImplementedError
 
 
+class TimerService:
+    """Time and timers of the current key (PyFlink's ``TimerService``); timestamps are
+    milliseconds. Timers are keyed state: checkpointed, restored and rescaled with the
+    key, and one timer registered twice fires once."""
+
+    def __init__(self, timers: InternalTimerService, backend: KeyedStateBackend) -> None:
+        self._timers = timers
+        self._backend = backend
+
+    def current_processing_time(self) -> int:
+        return self._timers.current_processing_time()
+
+    def current_watermark(self) -> int:
+        return self._timers.watermark
+
+    def register_event_time_timer(self, timestamp: int) -> None:
+        """``on_timer`` once the watermark reaches ``timestamp``."""
+        self._timers.register_event_time_timer(self._backend.current_key, None, timestamp)
+
+    def register_processing_time_timer(self, timestamp: int) -> None:
+        """``on_timer`` once the wall clock reaches ``timestamp`` (ms since the epoch)."""
+        self._timers.register_processing_time_timer(self._backend.current_key, None, timestamp)
+
+    def delete_event_time_timer(self, timestamp: int) -> None:
+        self._timers.delete_event_time_timer(self._backend.current_key, None, timestamp)
+
+    def delete_processing_time_timer(self, timestamp: int) -> None:
+        self._timers.delete_processing_time_timer(self._backend.current_key, None, timestamp)
+
+
 class KeyedProcessFunction(Function):
-    """Per-record processing on a keyed stream, with keyed state.
+    """Per-record processing on a keyed stream, with keyed state and timers.
 
     ``process_element`` yields (or returns an iterable of) output records;
     state obtained from the runtime context in ``open`` is scoped to the key of
-    the record being processed.
+    the record being processed. ``ctx.timer_service()`` registers event-time and
+    processing-time timers for the current key; ``on_timer(timestamp, ctx)`` is called
+    when one fires, with that key current, and yields records like ``process_element``.
     """
 
     class Context:
-        def __init__(self, backend: KeyedStateBackend) -> None:
+        def __init__(
+            self, backend: KeyedStateBackend, timer_service: TimerService | None = None
+        ) -> None:
             self._backend = backend
+            self._timer_service = timer_service
+            self._timestamp: int | None = None
 
         def get_current_key(self) -> Any:
             return self._backend.current_key
+
+        def timestamp(self) -> int | None:
+            """The event timestamp of the record (or of the firing timer); None without
+            event time."""
+            return self._timestamp
+
+        def timer_service(self) -> TimerService:
+            if self._timer_service is None:
+                raise RuntimeError("timers are only available in a running job")
+            return self._timer_service
+
+    class OnTimerContext(Context):
+        def __init__(
+            self, backend: KeyedStateBackend, timer_service: TimerService | None = None
+        ) -> None:
+            super().__init__(backend, timer_service)
+            self._time_domain = TimeDomain.EVENT_TIME
+
+        def time_domain(self) -> TimeDomain:
+            return self._time_domain
 
     def process_element(
         self, value: dict[str, Any], ctx: KeyedProcessFunction.Context
     ) -> Iterable[dict[str, Any]] | None:
         raise NotImplementedError
+
+    def on_timer(
+        self, timestamp: int, ctx: KeyedProcessFunction.OnTimerContext
+    ) -> Iterable[dict[str, Any]] | None:
+        """A timer of the current key fired at ``timestamp``."""
+        return None

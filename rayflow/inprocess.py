@@ -8,7 +8,9 @@ own context and key groups; batches routed between subtasks by the real partitio
 sources cut into the same splits and dealt to subtasks the same way.
 
 What differs: one process and one thread; a batch goes on to the next operator at once
-(no channels, buffers or backpressure); rate limits of sources are ignored; and there are
+(no channels, buffers or backpressure); rate limits of sources are ignored; event time
+has no watermark until the input ends (then every event-time timer and window fires, and
+no record is late); and there are
 no checkpoints, so nothing here is fault tolerant: the first exception ends the run (it
 is raised as it is, with a note naming the operator and subtask). Sources must be
 bounded. Two-phase-commit sinks commit what they wrote at the end, as after a job's final
@@ -25,6 +27,8 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from rayflow.eventtime.strategy import MAX_WATERMARK, with_timestamps, without_timestamps
+from rayflow.outputs import SideOutput
 from rayflow.plan.logical import InputEdge
 from rayflow.plan.partitioners import Partitioner, PartitionerSpec, PartitionKind
 from rayflow.plan.physical import JobGraph, VertexSpec
@@ -80,7 +84,7 @@ class _Collect(Operator):
         self.batches: list[pa.RecordBatch] = []
 
     def process(self, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
-        self.batches.append(batch)
+        self.batches.append(without_timestamps(batch))
         return []
 
     def result(self) -> Any:
@@ -108,7 +112,7 @@ class _Subtask:
         self.vertex = vertex
         self.index = index
         self.operators: list[Operator] = [_copy(spec.factory)() for spec in vertex.operators]
-        self.outputs: list[tuple[Partitioner, list[_Subtask]]] = []
+        self.outputs: list[tuple[Partitioner, list[_Subtask], str | None]] = []
         self.reader: Any = None
         self.current = vertex.name  # what runs now, for errors
 
@@ -177,7 +181,7 @@ class _Run:
             partitioner = Partitioner(
                 edge.partitioner, index, len(receivers), target.max_parallelism
             )
-            outputs.append((partitioner, list(receivers)))
+            outputs.append((partitioner, list(receivers), edge.side_output))
         return outputs
 
     def process(self, sub: _Subtask, batch: pa.RecordBatch, start: int = 0) -> None:
@@ -188,18 +192,22 @@ class _Run:
             sub.current = specs[position].name
             produced: list[pa.RecordBatch] = []
             for b in batches:
-                produced.extend(op.process(b))
+                if not isinstance(b, SideOutput):  # read by nothing inside a chain
+                    produced.extend(op.process(b))
             if not produced:
                 return
             batches = produced
         self.emit(sub, batches)
 
-    def emit(self, sub: _Subtask, batches: list[pa.RecordBatch]) -> None:
+    def emit(self, sub: _Subtask, batches: list[pa.RecordBatch | SideOutput]) -> None:
         for b in batches:
             if b.num_rows == 0:
                 continue
-            for partitioner, receivers in sub.outputs:
-                for target, part in partitioner.route(b):
+            tag, data = (b.tag, b.batch) if isinstance(b, SideOutput) else (None, b)
+            for partitioner, receivers, side_output in sub.outputs:
+                if side_output != tag:
+                    continue
+                for target, part in partitioner.route(data):
                     self.guarded(receivers[target], self.process, part)
 
     def guarded(self, sub: _Subtask, call: Callable[..., Any], *args: Any) -> Any:
@@ -221,6 +229,9 @@ class _Run:
                     sub.reader = None
                     readers.remove(sub)
                 elif batch.num_rows:
+                    strategy = sub.vertex.watermark_strategy
+                    if strategy is not None:
+                        batch = with_timestamps(batch, strategy.timestamps_of(batch))
                     self.guarded(sub, self.process, batch)
 
     def end_input(self) -> None:
@@ -229,6 +240,11 @@ class _Run:
                 self.guarded(sub, self._end_subtask)
 
     def _end_subtask(self, sub: _Subtask) -> None:
+        # Event time: no watermarks before the end here, then the end-of-input one.
+        for position, op in enumerate(sub.operators):
+            sub.current = sub.vertex.operators[position].name
+            for batch in op.process_watermark(MAX_WATERMARK):
+                self.process(sub, batch, position + 1)
         for position, op in enumerate(sub.operators):
             sub.current = sub.vertex.operators[position].name
             for batch in op.end_input():

@@ -79,6 +79,9 @@ class SourceSplit:
     """A piece of a source that one subtask reads start to end, with its position."""
 
     split_id: str
+    #: the split's watermark generator state (its largest event timestamp so far), set
+    #: in the splits a checkpoint stores; None without event time
+    event_time_state: Any = dataclasses.field(default=None, kw_only=True, compare=False)
 
 
 class SourceReader(abc.ABC):
@@ -102,6 +105,15 @@ class SourceReader(abc.ABC):
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:  # noqa: B027
         """Checkpoint ``checkpoint_id`` (and every one before it) completed. Best effort:
         may come late, or not at all."""
+
+    def last_split_id(self) -> str | None:
+        """The split the last batch came from, for watermarks per split; None when the
+        reader does not say (its splits then share one watermark generator)."""
+        return None
+
+    def finished_split_ids(self) -> list[str]:
+        """The splits read to their end (they no longer hold the watermark back)."""
+        return []
 
     def close(self) -> None:  # noqa: B027
         """Release files or connections."""
@@ -136,6 +148,14 @@ class _SequentialReader(SourceReader):
                 return batch
             self._current += 1
         return None
+
+    def last_split_id(self) -> str | None:
+        if self._current < len(self._splits):
+            return self._splits[self._current].split_id
+        return None
+
+    def finished_split_ids(self) -> list[str]:
+        return [s.split_id for s in self._splits[: self._current]]
 
     @abc.abstractmethod
     def _read_from(self, split: SourceSplit) -> pa.RecordBatch | None:

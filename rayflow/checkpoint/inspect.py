@@ -23,6 +23,7 @@ from rayflow.checkpoint.storage import (
     _resolve_root,
     open_checkpoint_path,
 )
+from rayflow.eventtime.valve import EVENT_TIME_KEY
 
 __all__ = [
     "CheckpointSummary",
@@ -74,6 +75,8 @@ def summarize(
         for entry in meta.subtasks.values():
             state = pickle.loads(storage.read_blob(entry.path))
             for uid, value in state.items():
+                if uid == EVENT_TIME_KEY:
+                    continue  # the subtask's watermark, not an operator's state
                 name = names.get(uid, uid)
                 operator_sizes[name] = operator_sizes.get(name, 0) + len(
                     pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)

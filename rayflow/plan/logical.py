@@ -37,6 +37,9 @@ def check_parallelism(owner: str, value: Any, what: str = "parallelism") -> int:
 class InputEdge:
     upstream: int
     partitioner: PartitionerSpec
+    #: the upstream's side output (an ``OutputTag`` id) this edge reads; None: its main
+    #: output
+    side_output: str | None = None
 
 
 @dataclass
@@ -55,6 +58,8 @@ class Transformation:
     max_parallelism: int | None = None
     uid: str | None = None
     source: Any = None
+    #: a source's ``WatermarkStrategy`` (``rayflow.eventtime``), None: no event time
+    watermark_strategy: Any = None
     sink: Any = None
     operator_factory: Callable[[], Any] | None = None
     chainable: bool = True

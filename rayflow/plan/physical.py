@@ -51,6 +51,8 @@ class EdgeSpec:
     source_vertex: int
     target_vertex: int
     partitioner: PartitionerSpec
+    #: the side output (tag id) of the sending vertex this edge carries; None: its main
+    side_output: str | None = None
 
 
 @dataclass
@@ -62,6 +64,8 @@ class VertexSpec:
     operators: list[OperatorSpec] = field(default_factory=list)
     source: Any = None
     source_uid: str | None = None
+    #: the source's ``WatermarkStrategy``, None: it generates no watermarks
+    watermark_strategy: Any = None
     sinks: list[Any] = field(default_factory=list)
     in_edges: list[int] = field(default_factory=list)
     out_edges: list[int] = field(default_factory=list)
@@ -194,6 +198,7 @@ def build_job_graph(
             and t.chainable
             and upstream.chainable
             and inputs[0].partitioner.kind is PartitionKind.FORWARD
+            and inputs[0].side_output is None
             and consumer_count[upstream.id] == 1
             and parallelism[upstream.id] == parallelism[t.id]
             and group[upstream.id] == group[t.id]
@@ -216,6 +221,7 @@ def build_job_graph(
                     source_vertex=vertex_of[edge.upstream],
                     target_vertex=vertex.vertex_id,
                     partitioner=edge.partitioner,
+                    side_output=edge.side_output,
                 )
                 edges[edge_spec.edge_id] = edge_spec
                 vertex.in_edges.append(edge_spec.edge_id)
@@ -226,6 +232,7 @@ def build_job_graph(
         if t.kind == "source":
             vertex.source = t.source
             vertex.source_uid = uid
+            vertex.watermark_strategy = t.watermark_strategy
         else:
             vertex.operators.append(
                 OperatorSpec(
@@ -261,7 +268,9 @@ def _resolve_inputs(
         if upstream.kind != "union":
             resolved.append(
                 InputEdge(
-                    edge.upstream, PartitionerSpec(edge.partitioner.kind, edge.partitioner.key)
+                    edge.upstream,
+                    PartitionerSpec(edge.partitioner.kind, edge.partitioner.key),
+                    edge.side_output,
                 )
             )
             continue
@@ -271,7 +280,9 @@ def _resolve_inputs(
                 if edge.partitioner.kind is not PartitionKind.DEFAULT
                 else (inner.partitioner)
             )
-            resolved.append(InputEdge(inner.upstream, PartitionerSpec(spec.kind, spec.key)))
+            resolved.append(
+                InputEdge(inner.upstream, PartitionerSpec(spec.kind, spec.key), inner.side_output)
+            )
     return resolved
 
 

@@ -30,7 +30,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from rayflow.runtime.events import unbundled
+from rayflow.runtime.events import Watermark, WatermarkStatus, unbundled
 
 __all__ = [
     "ChannelStateRecorder",
@@ -40,8 +40,13 @@ __all__ = [
     "channel_state_size",
 ]
 
-#: Per input channel, the record batches in flight before the barrier, in sequence order.
-ChannelState = dict[int, list[pa.RecordBatch]]
+#: Per input channel, the record batches (and watermark events between them) in flight
+#: before the barrier, in sequence order.
+ChannelState = dict[int, list[pa.RecordBatch | Watermark | WatermarkStatus]]
+
+#: What channel state keeps of a channel's messages: data, and the watermarks among it
+#: (replayed in order, so event time after a restore is what it was).
+_KEPT = (pa.RecordBatch, Watermark, WatermarkStatus)
 
 _MAGIC = b"RAYFLOW-CHANNEL-STATE-1\n"
 
@@ -113,18 +118,18 @@ class ChannelStateRecorder:
         self._items = [{} for _ in self._items]
 
     def channel_state(self) -> ChannelState:
-        """The record batches of every channel's range, in sequence order, bundles opened
-        (end-of-input, latency markers and older barriers are left out: the restored
-        senders send their own)."""
+        """The record batches and watermark events of every channel's range, in sequence
+        order, bundles opened (end-of-input, latency markers and older barriers are left
+        out: the restored senders send their own)."""
         state: ChannelState = {}
         for channel, items in enumerate(self._items):
             batches = [
                 item
                 for s in sorted(items)
                 for item in unbundled(items[s])
-                if isinstance(item, pa.RecordBatch)
+                if isinstance(item, _KEPT)
             ]
-            if batches:
+            if any(isinstance(b, pa.RecordBatch) for b in batches):
                 state[channel] = batches
         return state
 
@@ -146,4 +151,9 @@ def decode_snapshot(blob: bytes) -> tuple[dict[str, Any], ChannelState]:
 
 def channel_state_size(channel_state: ChannelState) -> int:
     """Bytes of record batches held in ``channel_state``."""
-    return sum(b.nbytes for batches in channel_state.values() for b in batches)
+    return sum(
+        b.nbytes
+        for batches in channel_state.values()
+        for b in batches
+        if isinstance(b, pa.RecordBatch)
+    )

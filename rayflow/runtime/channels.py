@@ -47,7 +47,14 @@ import pyarrow as pa
 import ray
 
 from rayflow.runtime.debloat import BufferDebloater
-from rayflow.runtime.events import Bundle, CheckpointBarrier, EndOfInput, LatencyMarker
+from rayflow.runtime.events import (
+    Bundle,
+    CheckpointBarrier,
+    EndOfInput,
+    LatencyMarker,
+    Watermark,
+    WatermarkStatus,
+)
 
 CONTROL = -1
 
@@ -87,7 +94,7 @@ def _data_items(message: Any) -> int:
 
 
 #: Messages on a channel that are not data: not counted by buffer debloating.
-_EVENTS = (CheckpointBarrier, EndOfInput, LatencyMarker)
+_EVENTS = (CheckpointBarrier, EndOfInput, LatencyMarker, Watermark, WatermarkStatus)
 
 
 class ChannelRecorder(Protocol):

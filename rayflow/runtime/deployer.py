@@ -63,6 +63,7 @@ class Deployer:
                     ],
                     # keys are routed by the receiving operator's key groups
                     max_parallelism=target.max_parallelism,
+                    side_output=edge.side_output,
                 )
             )
         return outputs

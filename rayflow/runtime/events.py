@@ -21,6 +21,21 @@ class CheckpointBarrier:
     final: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class Watermark:
+    """Event time has reached ``timestamp`` (milliseconds) on this channel: no record with
+    a timestamp at or before it should follow. Travels in order with the batches."""
+
+    timestamp: int
+
+
+@dataclass(frozen=True, slots=True)
+class WatermarkStatus:
+    """The channel turned idle (``idle``: its watermark holds nobody back) or active."""
+
+    idle: bool
+
+
 @dataclass(frozen=True)
 class LatencyMarker:
     """Sent by source subtask ``subtask`` of ``source`` at wall time ``created_at``

@@ -9,9 +9,12 @@ Contract, for every operator (called only from the subtask's mailbox loop):
   ``restore_state(snapshots)`` loads the snapshots of one or more earlier
   subtasks (several when rescaling);
 * ``notify_checkpoint_complete(checkpoint_id)`` / ``result()`` / ``close()``;
+* ``process_watermark(watermark)`` when event time advances (before the watermark goes
+  on downstream): returns output batches, as ``process`` (timers and windows fire);
 * ``on_timer(token)`` when a timer the operator set with ``context.timers.schedule``
-  fires (on the mailbox), and ``commits_outstanding()``: True keeps the subtask from
-  finishing after its final checkpoint (a sink with commits still due).
+  fires (on the mailbox; it may return output batches), and ``commits_outstanding()``:
+  True keeps the subtask from finishing after its final checkpoint (a sink with commits
+  still due).
 
 Per-record functions convert a batch to dicts and back (:mod:`rayflow.runtime.records`),
 which keeps each operator's output in one schema and names records that are not dicts;
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from itertools import repeat
 from operator import itemgetter
 from typing import Any
 
@@ -29,6 +33,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from rayflow.errors import RecordError
+from rayflow.eventtime.strategy import (
+    attach_timestamps,
+    split_timestamps,
+    without_timestamps,
+)
+from rayflow.eventtime.timers import InternalTimerService, TimeDomain
 from rayflow.functions import (
     FilterFunction,
     FlatMapFunction,
@@ -37,6 +47,7 @@ from rayflow.functions import (
     MapFunction,
     ReduceFunction,
     RuntimeContext,
+    TimerService,
 )
 from rayflow.guarantees import DeliveryGuarantee
 from rayflow.keygroups import key_group_of, key_groups_of_array, key_groups_of_subtask
@@ -93,8 +104,11 @@ class Operator:
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
         pass
 
-    def on_timer(self, token: Any) -> None:
-        pass
+    def process_watermark(self, watermark: int) -> list[pa.RecordBatch]:
+        return []
+
+    def on_timer(self, token: Any) -> list[pa.RecordBatch] | None:
+        return None
 
     def commits_outstanding(self) -> bool:
         return False
@@ -167,7 +181,9 @@ class MapOperator(_UserFunctionOperator):
         self._out = self._output()
 
     def process(self, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
-        return self._out.build(list(map(self._call, batch_to_rows(batch))))
+        batch, timestamps = split_timestamps(batch)
+        out = self._out.build(list(map(self._call, batch_to_rows(batch))))
+        return out if timestamps is None else attach_timestamps(out, timestamps.to_pylist())
 
 
 class FlatMapOperator(_UserFunctionOperator):
@@ -182,19 +198,25 @@ class FlatMapOperator(_UserFunctionOperator):
 
     def process(self, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
         call = self._call
+        batch, timestamps = split_timestamps(batch)
         out: list[dict[str, Any]] = []
         extend = out.extend
         produced = None
+        out_ts: list[int] | None = None if timestamps is None else []
+        stamps: Any = repeat(None) if timestamps is None else timestamps.to_pylist()
         try:
-            for record in batch_to_rows(batch):
+            for record, stamp in zip(batch_to_rows(batch), stamps):
                 produced = call(record)
                 if produced is not None:
+                    before = len(out)
                     extend(produced)
+                    if out_ts is not None:
+                        out_ts.extend([stamp] * (len(out) - before))
         except TypeError as exc:
             if produced is not None and not _iterable(produced):
                 raise RecordError(self._out.not_iterable(produced)) from exc
             raise
-        return self._out.build(out)
+        return attach_timestamps(self._out.build(out), out_ts)
 
 
 class FilterOperator(_UserFunctionOperator):
@@ -204,7 +226,8 @@ class FilterOperator(_UserFunctionOperator):
         self._call = fn.filter if isinstance(fn, FilterFunction) else fn
 
     def process(self, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
-        mask = pa.array(list(map(bool, map(self._call, batch_to_rows(batch)))), type=pa.bool_())
+        rows = batch_to_rows(without_timestamps(batch))
+        mask = pa.array(list(map(bool, map(self._call, rows))), type=pa.bool_())
         kept = batch.filter(mask)
         return [kept] if kept.num_rows else []
 
@@ -313,7 +336,15 @@ class KeyedReduceOperator(_KeyedOperator):
         return self._out.build(out)
 
 
+#: The token of a processing-time wake-up of a keyed operator's timers.
+_PROCESSING_WAKE = "processing-time timers"
+
+
 class KeyedProcessOperator(_KeyedOperator):
+    """Runs a ``KeyedProcessFunction``: per record, and per timer that fires (event-time
+    timers when the watermark reaches them, processing-time timers on the wall clock).
+    Records out carry the timestamp of the record (or timer) they came from."""
+
     kind = "process"
     returns = YIELDS_RECORDS
 
@@ -321,10 +352,26 @@ class KeyedProcessOperator(_KeyedOperator):
         super().open(context)
         if not isinstance(self.function, KeyedProcessFunction):
             raise TypeError("process() takes a KeyedProcessFunction")
-        self._ctx = KeyedProcessFunction.Context(self.backend)
+        timers = context.timers
+        schedule = (
+            (lambda delay_s: timers.schedule(delay_s, _PROCESSING_WAKE))
+            if timers is not None
+            else None
+        )
+        self.timers = InternalTimerService(self.backend, schedule)
+        service = TimerService(self.timers, self.backend)
+        self._ctx = KeyedProcessFunction.Context(self.backend, service)
+        self._timer_ctx = KeyedProcessFunction.OnTimerContext(self.backend, service)
         self._out = self._output()
+        self._timed = False  # the input carries event timestamps
+        self._ended = False
+
+    def restore_state(self, snapshots: list[Any]) -> None:
+        super().restore_state(snapshots)
+        self.timers.restored()
 
     def process(self, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
+        batch, timestamps = split_timestamps(batch)
         rows, keys = self._rows_and_keys(batch)
         set_key, process_element, ctx = (
             self.backend.set_current_key,
@@ -334,17 +381,66 @@ class KeyedProcessOperator(_KeyedOperator):
         out: list[dict[str, Any]] = []
         extend = out.extend
         produced = None
+        if timestamps is None:
+            out_ts = None
+            stamps: Any = repeat(None)
+        else:
+            self._timed = True
+            out_ts = []
+            stamps = timestamps.to_pylist()
         try:
-            for key, record in zip(keys, rows):
+            for key, record, stamp in zip(keys, rows, stamps):
                 set_key(key)
+                ctx._timestamp = stamp
                 produced = process_element(record, ctx)
                 if produced is not None:
+                    before = len(out)
                     extend(produced)
+                    if out_ts is not None:
+                        out_ts.extend([stamp] * (len(out) - before))
         except TypeError as exc:
             if produced is not None and not _iterable(produced):
                 raise RecordError(self._out.not_iterable(produced)) from exc
             raise
-        return self._out.build(out)
+        return attach_timestamps(self._out.build(out), out_ts)
+
+    def _fire(self, pop: Callable[[], Any], domain: TimeDomain) -> list[pa.RecordBatch]:
+        out: list[dict[str, Any]] = []
+        out_ts: list[int] = []
+        ctx = self._timer_ctx
+        ctx._time_domain = domain
+        on_timer = self.function.on_timer
+        while (due := pop()) is not None:
+            timestamp, key, _ = due
+            self.backend.set_current_key(key)
+            ctx._timestamp = timestamp
+            produced = on_timer(timestamp, ctx)
+            if produced is not None:
+                before = len(out)
+                try:
+                    out.extend(produced)
+                except TypeError as exc:
+                    if not _iterable(produced):
+                        raise RecordError(self._out.not_iterable(produced)) from exc
+                    raise
+                out_ts.extend([timestamp] * (len(out) - before))
+        if not out:
+            return []
+        return attach_timestamps(self._out.build(out), out_ts if self._timed else None)
+
+    def process_watermark(self, watermark: int) -> list[pa.RecordBatch]:
+        self.timers.advance_watermark(watermark)
+        return self._fire(self.timers.pop_event, TimeDomain.EVENT_TIME)
+
+    def on_timer(self, token: Any) -> list[pa.RecordBatch] | None:
+        if token != _PROCESSING_WAKE or self._ended:
+            return None  # after the end of input nothing more goes out (as in Flink)
+        self.timers.on_wake()
+        return self._fire(self.timers.pop_processing, TimeDomain.PROCESSING_TIME)
+
+    def end_input(self) -> list[pa.RecordBatch]:
+        self._ended = True
+        return []
 
 
 def _skipping_nulls(combine: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
@@ -551,7 +647,7 @@ class SinkOperator(Operator):
         )
 
     def process(self, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
-        self.writer.write(batch)
+        self.writer.write(without_timestamps(batch))
         return []
 
     def snapshot_state(self, checkpoint_id: int) -> Any:

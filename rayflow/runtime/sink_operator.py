@@ -40,6 +40,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from rayflow.eventtime.strategy import without_timestamps
 from rayflow.guarantees import DeliveryGuarantee
 from rayflow.runtime.fence import StaleAttemptError
 from rayflow.runtime.hooks import HookPoint
@@ -181,7 +182,7 @@ class TwoPhaseCommitSinkOperator(Operator):
             self.transaction = self.writer.begin_transaction(self.next_sequence)
             self.next_sequence += 1
             self.opened_at = time.monotonic()
-        self.writer.write(self.transaction, batch)
+        self.writer.write(self.transaction, without_timestamps(batch))
         if (
             self.max_size is not None
             and self.writer.transaction_size(self.transaction) >= self.max_size

@@ -42,6 +42,10 @@ import ray
 from rayflow.checkpoint.storage import CheckpointStorage
 from rayflow.config import CheckpointAlignment, CheckpointingMode
 from rayflow.errors import OperatorError
+from rayflow.eventtime.source_watermarks import SourceWatermarks
+from rayflow.eventtime.strategy import MAX_WATERMARK, MIN_WATERMARK
+from rayflow.eventtime.valve import EVENT_TIME_KEY, ValveState, WatermarkValve
+from rayflow.outputs import SideOutput
 from rayflow.plan.partitioners import Partitioner, PartitionerSpec
 from rayflow.plan.physical import VertexSpec
 from rayflow.recoverability import classify
@@ -68,7 +72,14 @@ from rayflow.runtime.channels import (
     OutputChannel,
 )
 from rayflow.runtime.debloat import BufferDebloater
-from rayflow.runtime.events import Bundle, CheckpointBarrier, EndOfInput, LatencyMarker
+from rayflow.runtime.events import (
+    Bundle,
+    CheckpointBarrier,
+    EndOfInput,
+    LatencyMarker,
+    Watermark,
+    WatermarkStatus,
+)
 from rayflow.runtime.fence import AttemptFence
 from rayflow.runtime.hooks import HookPoint, SubtaskHooks
 from rayflow.runtime.latency import DEFAULT_LATENCY_TRACKING_INTERVAL_MS, LatencyTracker
@@ -76,6 +87,7 @@ from rayflow.runtime.operators import Operator, OperatorContext
 from rayflow.runtime.output import capture_stdout
 from rayflow.runtime.ray_metrics import EXPORT_INTERVAL_S, SubtaskMetricsExporter
 from rayflow.runtime.restore import StateHandle
+from rayflow.sources import SourceReader
 
 #: Concurrency group of control calls: never queued behind data pushes that wait for
 #: buffer space (at high fan-in those could take every slot while a barrier is aligned).
@@ -93,6 +105,8 @@ class OutputDeployment:
     partitioner: PartitionerSpec
     receivers: list[tuple[Any, int]]  # (actor handle, channel index at that receiver)
     max_parallelism: int = 128  # the receiving operator's: keys go to its key groups
+    #: the side output (tag id) this edge carries; None: the main output
+    side_output: str | None = None
 
 
 @dataclass
@@ -230,6 +244,7 @@ class _RecordWriter:
         )
         self._next_marker_channel = 0
         self._on_buffered = on_buffered
+        self.side_output = output.side_output
 
     async def emit(self, batch: pa.RecordBatch, origin: float) -> int:
         rows = 0
@@ -246,6 +261,12 @@ class _RecordWriter:
         self._next_marker_channel = (self._next_marker_channel + 1) % len(self.channels)
         if await channel.write(marker, origin):
             self._on_buffered(origin)
+
+    async def write_event(self, event: Any, origin: float) -> None:
+        """Write ``event`` (a watermark) on every channel, in order with the data."""
+        for channel in self.channels:
+            if await channel.write(event, origin):
+                self._on_buffered(origin)
 
     async def send_buffered(self) -> None:
         for channel in self.channels:
@@ -336,6 +357,14 @@ class SubtaskActor:
         self._blobs: dict[int, bytes] = {}
         self._async_parts: set[asyncio.Task] = set()
         self._source_reader = None
+        #: event time: the input valve (None until a watermark arrives), the watermark
+        #: the operators are at, whether watermarks flow out of this subtask, the one
+        #: restored from a checkpoint, and a source's watermark generators
+        self._valve: WatermarkValve | None = None
+        self._watermark = MIN_WATERMARK
+        self._event_time = False
+        self._restored_time: ValveState | None = None
+        self._source_watermarks: SourceWatermarks | None = None
         self.latency = LatencyTracker()
         self.metrics_ = {
             "records_in": 0,
@@ -586,6 +615,8 @@ class SubtaskActor:
             await self._restore()
             if self.d.master is not None and self.d.checkpointing is not None:
                 self.d.master.subtask_running.remote(self.attempt, self.key)
+            if self._restored_time is not None and not self.d.vertex.is_source:
+                await self._resume_event_time(self._restored_time)
             if self.d.vertex.is_source:
                 await self._run_source()
             else:
@@ -723,6 +754,7 @@ class SubtaskActor:
                     for channel in sorted(channel_state)
                     for batch in channel_state[channel]
                 ]
+        self._restored_time = self._restored_event_time(snapshots)
         for spec, op in zip(self.d.vertex.operators, self.operators):
             self._current_operator = spec.name
             if getattr(op, "keyed", False):
@@ -738,10 +770,110 @@ class SubtaskActor:
             if restore_global is not None:
                 restore_global([s[spec.uid] for _, s in snapshots if spec.uid in s])
 
+    def _restored_event_time(self, snapshots: list[tuple[StateHandle, dict]]) -> ValveState | None:
+        """The event time this subtask resumes from: its own old subtask's at the same
+        parallelism, else the lowest of the old subtasks' (each had at least that)."""
+        states = [(h, s[EVENT_TIME_KEY]) for h, s in snapshots if EVENT_TIME_KEY in s]
+        if not states:
+            return None
+        for handle, state in states:
+            if handle.old_parallelism == self.parallelism and handle.old_index == self.index:
+                return state
+        return ValveState(min(state.watermark for _, state in states))
+
+    async def _resume_event_time(self, state: ValveState) -> None:
+        """Restored: every input channel starts at the snapshot's watermark, and it is
+        sent on first (a restored receiver's channel from here is then exact again)."""
+        self._event_time = True
+        self._valve = WatermarkValve(self.gate.num_channels, state.watermark)
+        if state.watermark > MIN_WATERMARK:
+            await self._advance_watermark(state.watermark)
+
+    async def _on_watermark(self, channel: int, watermark: int) -> None:
+        """A watermark arrived on ``channel``."""
+        valve = self._input_valve()
+        was_idle = valve.idle
+        advanced = valve.on_watermark(channel, watermark)
+        if was_idle and not valve.idle:
+            await self._send_status(False)
+        if advanced is not None:
+            await self._advance_watermark(advanced)
+
+    async def _on_watermark_status(self, channel: int, status: WatermarkStatus) -> None:
+        valve = self._input_valve()
+        was_idle = valve.idle
+        advanced = valve.on_status(channel, status.idle)
+        if advanced is not None:
+            await self._advance_watermark(advanced)
+        if valve.idle != was_idle:
+            await self._send_status(valve.idle)
+
+    def _input_valve(self) -> WatermarkValve:
+        if self._valve is None:
+            self._valve = WatermarkValve(self.gate.num_channels)
+            self._event_time = True
+        return self._valve
+
+    async def _advance_watermark(self, watermark: int, forward: bool = True) -> None:
+        """Event time reached ``watermark``: each operator in turn handles it (firing
+        timers; what it emits goes through the operators after it), then it is sent on."""
+        if watermark <= self._watermark:
+            return
+        self._watermark = watermark
+        for position, op in enumerate(self.operators):
+            self._current_operator = self.d.vertex.operators[position].name
+            for batch in op.process_watermark(watermark):
+                await self._process(batch, position + 1)
+        if forward and self._event_time:
+            origin = self._origin or time.time()
+            event = Watermark(watermark)
+            for writer in self.writers:
+                await writer.write_event(event, origin)
+
+    async def _send_status(self, idle: bool) -> None:
+        origin = self._origin or time.time()
+        for writer in self.writers:
+            await writer.write_event(WatermarkStatus(idle), origin)
+
+    async def _source_event_time(self, reader: SourceReader) -> None:
+        """A source with a watermark strategy: its generators, from the splits' state."""
+        strategy = self.d.vertex.watermark_strategy
+        if strategy is None:
+            return
+        per_split = type(reader).last_split_id is not SourceReader.last_split_id
+        sw = SourceWatermarks(strategy, self.d.source_splits, per_split)
+        self._source_watermarks = sw
+        self._event_time = True
+        restored = sw.restored_watermark()
+        if restored is not None and restored > MIN_WATERMARK and strategy.generates_watermarks:
+            sw.emitted = restored
+            await self._advance_watermark(restored)
+
+    async def _source_batch(self, reader: SourceReader, batch: pa.RecordBatch) -> pa.RecordBatch:
+        """Timestamps for a batch the reader read; active again if the source was idle."""
+        sw = self._source_watermarks
+        batch = sw.on_batch(batch, reader.last_split_id())
+        sw.finished(reader.finished_split_ids())
+        if sw.idleness_changed() is False:
+            await self._send_status(False)
+        return batch
+
+    async def _source_watermark(self, reader: SourceReader | None = None) -> None:
+        """After a batch, or while the source has nothing to read: a new watermark, idle."""
+        sw = self._source_watermarks
+        if reader is not None:
+            sw.finished(reader.finished_split_ids())
+        watermark = sw.advance()
+        if watermark is not None:
+            await self._advance_watermark(watermark)
+        if sw.idleness_changed() is True:
+            await self._send_status(True)
+
     async def _run_source(self) -> None:
         source = self.d.vertex.source
         source_name = self.name.split(" -> ")[0]
         self._source_reader = reader = source.create_reader(list(self.d.source_splits))
+        await self._source_event_time(reader)
         rate = source.records_per_second
         started = time.monotonic()
         marker_interval = self.d.latency_tracking_interval_ms / 1000.0
@@ -782,13 +914,19 @@ class SubtaskActor:
                 if batch.num_rows == 0:
                     # Nothing to read now (an unbounded source is idle): serve control
                     # messages for a moment, waiting longer while it stays idle.
+                    if self._source_watermarks is not None:
+                        await self._source_watermark(reader)
                     idle_s = min(max(idle_s * 2, SOURCE_IDLE_MIN_S), SOURCE_IDLE_MAX_S)
                     await self.gate.wait_control(idle_s)
                     continue
                 idle_s = 0.0
+                if self._source_watermarks is not None:
+                    batch = await self._source_batch(reader, batch)
                 emitted += batch.num_rows
                 self._count_in(batch)
                 await self._process(batch)
+                if self._source_watermarks is not None:
+                    await self._source_watermark()
                 if marker_interval and (now := time.monotonic()) >= next_marker:
                     next_marker = now + marker_interval
                     await self._on_latency_marker(
@@ -803,9 +941,12 @@ class SubtaskActor:
         checkpointing = self.d.checkpointing is not None
         # Channel state of an unaligned checkpoint first, in channel order.
         replay, self._replay = self._replay, []
-        for _, batch in replay:
-            self._count_in(batch)
-            await self._process(batch)
+        for replay_channel, item in replay:
+            if isinstance(item, pa.RecordBatch):
+                self._count_in(item)
+                await self._process(item)
+            else:
+                await self._on_event(replay_channel, item)
         while not self._finished:
             channel, message = await self.gate.next()
             if isinstance(message, pa.RecordBatch):
@@ -822,13 +963,13 @@ class SubtaskActor:
                             self._count_in(item)
                             await self._process(item)
                         else:
-                            await self._on_latency_marker(item)
+                            await self._on_event(channel, item)
                 finally:
                     self._origin = 0.0
                 self.metrics_["bundles_in"] += 1
                 await asyncio.sleep(0)
-            elif isinstance(message, LatencyMarker):
-                await self._on_latency_marker(message)
+            elif isinstance(message, (LatencyMarker, Watermark, WatermarkStatus)):
+                await self._on_event(channel, message)
             elif isinstance(message, CheckpointBarrier):
                 if self.hooks and self.barriers.aligning is False and self.gate.num_channels > 1:
                     self.hooks.at(HookPoint.DURING_ALIGNMENT)
@@ -836,12 +977,24 @@ class SubtaskActor:
                 await self._take(self.barriers.on_barrier(channel, seq, message))
             elif isinstance(message, EndOfInput):
                 open_channels -= 1
+                if self._valve is not None and open_channels:
+                    # an ended channel holds event time back no more
+                    await self._on_watermark(channel, MAX_WATERMARK)
                 if open_channels == 0:
                     await self._end_of_input()
                     if not checkpointing:
                         self._finished = True
             elif channel == CONTROL:
                 await self._on_control(message)
+
+    async def _on_event(self, channel: int, event: Any) -> None:
+        """An event that came in order with the data on ``channel``."""
+        if isinstance(event, Watermark):
+            await self._on_watermark(channel, event.timestamp)
+        elif isinstance(event, WatermarkStatus):
+            await self._on_watermark_status(channel, event)
+        else:
+            await self._on_latency_marker(event)
 
     async def _on_latency_marker(self, marker: LatencyMarker) -> None:
         """Forward ``marker`` past the operators, or record its age at the sink end."""
@@ -897,7 +1050,9 @@ class SubtaskActor:
         elif isinstance(item, _OperatorTimer):
             if item.attempt == self.attempt:
                 self._current_operator = self.d.vertex.operators[item.position].name
-                self.operators[item.position].on_timer(item.token)
+                produced = self.operators[item.position].on_timer(item.token)
+                for batch in produced or ():
+                    await self._process(batch, item.position + 1)
                 self._maybe_finish()
         elif isinstance(item, _Abort):
             await self.barriers.abort(item.checkpoint_id)
@@ -915,27 +1070,43 @@ class SubtaskActor:
     async def _process(self, batch: pa.RecordBatch, start: int = 0) -> None:
         batches = [batch]
         operators = self.operators
+        last = len(operators) - 1
         for position in range(start, len(operators)):
             op = operators[position]
             self._current_operator = self.d.vertex.operators[position].name
             produced: list[pa.RecordBatch] = []
             for b in batches:
+                if isinstance(b, SideOutput):
+                    continue  # a side output read by nothing (a chain goes on with the main)
                 produced.extend(op.process(b))
             if not produced:
                 return
             batches = produced
+            if position < last:
+                batches = [b for b in produced if not isinstance(b, SideOutput)]
         await self._emit(batches)
 
-    async def _emit(self, batches: list[pa.RecordBatch]) -> None:
+    async def _emit(self, batches: list[pa.RecordBatch | SideOutput]) -> None:
         origin = self._origin or time.time()
         for b in batches:
             if b.num_rows == 0:
                 continue
+            if isinstance(b, SideOutput):
+                for writer in self.writers:
+                    if writer.side_output == b.tag:
+                        self.metrics_["records_out"] += await writer.emit(b.batch, origin)
+                continue
             for writer in self.writers:
-                self.metrics_["records_out"] += await writer.emit(b, origin)
+                if writer.side_output is None:
+                    self.metrics_["records_out"] += await writer.emit(b, origin)
             self.metrics_["batches_out"] += 1
 
     async def _end_of_input(self) -> None:
+        # Event time ends too (Flink's end-of-input watermark): every event-time timer
+        # fires; the watermark goes on only where watermarks flow.
+        if self._source_watermarks is not None:
+            self._source_watermarks.finished_all()
+        await self._advance_watermark(MAX_WATERMARK, forward=self._event_time)
         for position, op in enumerate(self.operators):
             self._current_operator = self.d.vertex.operators[position].name
             tail = op.end_input()
@@ -958,7 +1129,13 @@ class SubtaskActor:
         for spec, op in zip(self.d.vertex.operators, self.operators):
             self._current_operator = spec.name
             snapshot[spec.uid] = op.snapshot_state(cid)
+        uids = list(snapshot)
+        if self._event_time:
+            idle = self._valve.idle if self._valve is not None else False
+            snapshot[EVENT_TIME_KEY] = ValveState(self._watermark, idle)
         splits = self._source_reader.snapshot_state(cid) if self._source_reader else None
+        if splits is not None and self._source_watermarks is not None:
+            splits = self._source_watermarks.snapshot(splits)
         blob = pickle.dumps(snapshot, protocol=pickle.HIGHEST_PROTOCOL)
         sync_s = time.time() - started
         if barrier.final:
@@ -981,7 +1158,7 @@ class SubtaskActor:
             "alignment_s": timing.alignment_s if timing and timing.checkpoint_id == cid else 0.0,
             "sync_s": sync_s,
             "size": len(blob),
-            "uids": list(snapshot),
+            "uids": uids,
             "source_splits": splits,
             "unaligned": recorder is not None,
             "channel_state_size": 0,
@@ -1008,7 +1185,9 @@ class SubtaskActor:
         info = pending.info
         info["size"] = len(blob)
         info["channel_state_size"] = channel_state_size(channel_state)
-        info["channel_state_batches"] = sum(len(b) for b in channel_state.values())
+        info["channel_state_batches"] = sum(
+            isinstance(b, pa.RecordBatch) for items in channel_state.values() for b in items
+        )
         info["channel_state_wait_s"] = time.time() - pending.taken_at
         self._start_async_part(recorder.checkpoint_id, blob, info)
 
