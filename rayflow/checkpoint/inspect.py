@@ -67,12 +67,14 @@ def summarize(
 ) -> CheckpointSummary:
     """A checkpoint's figures; ``operator_sizes`` is keyed by operator name (its uid when
     the name is unknown)."""
+    from rayflow.runtime.channel_state import decode_snapshot
+
     meta = storage.load_metadata(checkpoint_id)
     names = operator_names(meta)
     operator_sizes: dict[str, int] = {}
     if per_operator:
         for entry in meta.subtasks.values():
-            state = pickle.loads(storage.read_blob(entry.path))
+            state, _ = decode_snapshot(storage.read_blob(entry.path), entry.path, names)
             for uid, value in state.items():
                 name = names.get(uid, uid)
                 operator_sizes[name] = operator_sizes.get(name, 0) + len(

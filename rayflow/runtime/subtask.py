@@ -29,7 +29,6 @@ once the final checkpoint (taken after all input ended) is complete.
 from __future__ import annotations
 
 import asyncio
-import pickle
 import threading
 import time
 import traceback
@@ -39,6 +38,7 @@ from typing import Any
 import pyarrow as pa
 import ray
 
+from rayflow.checkpoint.state_format import encode_operator_states
 from rayflow.checkpoint.storage import CheckpointStorage
 from rayflow.config import CheckpointAlignment, CheckpointingMode
 from rayflow.errors import OperatorError
@@ -671,7 +671,8 @@ class SubtaskActor:
                     blob = None
             if blob is None:
                 blob = await self._in_thread(self.d.storage.read_blob, handle.path)
-            states, channel_state = decode_snapshot(blob)
+            names = {spec.uid: spec.name for spec in self.d.vertex.operators}
+            states, channel_state = decode_snapshot(blob, handle.path, names)
             snapshots.append((handle, states))
             if channel_state and handle.old_parallelism != self.parallelism:
                 raise RuntimeError(
@@ -920,7 +921,7 @@ class SubtaskActor:
             self._current_operator = spec.name
             snapshot[spec.uid] = op.snapshot_state(cid)
         splits = self._source_reader.snapshot_state(cid) if self._source_reader else None
-        blob = pickle.dumps(snapshot, protocol=pickle.HIGHEST_PROTOCOL)
+        blob = encode_operator_states(snapshot)
         sync_s = time.time() - started
         if barrier.final:
             self._final_checkpoint = cid
