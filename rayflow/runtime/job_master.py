@@ -323,6 +323,24 @@ class JobMaster:
     async def cancel(self) -> None:
         self._cancelled.set()
 
+    async def trigger_savepoint(self, target: str, stop: bool = False) -> str:
+        """Take a savepoint under ``target`` (with ``stop``: and stop the job at it, Flink's
+        stop-with-savepoint); returns the savepoint's directory. Raises
+        :class:`~rayflow.checkpoint.savepoint.SavepointError` when it fails (the job then
+        goes on, unless it was stopping and the savepoint's checkpoint had completed)."""
+        from rayflow.checkpoint.savepoint import SavepointError
+
+        if not self.settings.checkpointing:
+            raise SavepointError(
+                f"job {self.settings.job_name!r} has no checkpointing: a savepoint is a "
+                "checkpoint (env.enable_checkpointing(...))"
+            )
+        while self.coordinator is None:  # deploying, or between attempts
+            if self._ended.is_set() or self._cancelled.is_set():
+                raise SavepointError(f"job {self.settings.job_name!r} is not running")
+            await asyncio.sleep(0.05)
+        return await self.coordinator.trigger_savepoint(target, stop)
+
     # --- calls from subtasks ------------------------------------------------------------
 
     async def acknowledge_checkpoint(

@@ -133,6 +133,7 @@ class _Trigger:
     checkpoint_id: int
     timestamp: float
     final: bool
+    savepoint: bool = False
 
 
 @dataclass(frozen=True)
@@ -328,6 +329,8 @@ class SubtaskActor:
         # what user functions print goes to the driver, prefixed (rayflow.runtime.output)
         self._output = capture_stdout(self._output_prefix)
         self._final_checkpoint: int | None = None
+        #: a final barrier left this source: it reads nothing more (unless it is aborted)
+        self._source_stopped = False
         self._final_completed = False
         self._finished = False
         self._opened = False
@@ -389,11 +392,18 @@ class SubtaskActor:
 
     @ray.method(concurrency_group=CONTROL_GROUP)
     async def trigger_checkpoint(
-        self, attempt: int, checkpoint_id: int, timestamp: float, final: bool
+        self,
+        attempt: int,
+        checkpoint_id: int,
+        timestamp: float,
+        final: bool,
+        savepoint: bool = False,
     ) -> None:
+        """``final`` with sources still reading: stop with a savepoint (the sources read
+        nothing after its barrier; every subtask finishes once it completes)."""
         if attempt == self.attempt:
             await self._on_mailbox_loop(
-                self.gate.put_control(_Trigger(checkpoint_id, timestamp, final))
+                self.gate.put_control(_Trigger(checkpoint_id, timestamp, final, savepoint))
             )
 
     @ray.method(concurrency_group=CONTROL_GROUP)
@@ -670,7 +680,8 @@ class SubtaskActor:
                 except Exception:  # noqa: BLE001 - owner gone: fall back to the durable tier
                     blob = None
             if blob is None:
-                blob = await self._in_thread(self.d.storage.read_blob, handle.path)
+                storage = handle.storage or self.d.storage
+                blob = await self._in_thread(storage.read_blob, handle.path)
             names = {spec.uid: spec.name for spec in self.d.vertex.operators}
             states, channel_state = decode_snapshot(blob, handle.path, names)
             snapshots.append((handle, states))
@@ -715,7 +726,7 @@ class SubtaskActor:
         try:
             while not self._finished:
                 item = self.gate.poll_control()
-                if item is None and exhausted:
+                if item is None and (exhausted or self._source_stopped):
                     _, item = await self.gate.next()
                 if item is not None:
                     await self._on_control(item)
@@ -841,7 +852,7 @@ class SubtaskActor:
             await self._take(self.barriers.on_timer(item.checkpoint_id))
         elif isinstance(item, _Trigger):
             await self._checkpoint(
-                CheckpointBarrier(item.checkpoint_id, item.timestamp, item.final)
+                CheckpointBarrier(item.checkpoint_id, item.timestamp, item.final, item.savepoint)
             )
         elif isinstance(item, _Complete):
             for old in [c for c in self._blobs if c < item.checkpoint_id]:
@@ -862,6 +873,11 @@ class SubtaskActor:
                 self.operators[item.position].on_timer(item.token)
                 self._maybe_finish()
         elif isinstance(item, _Abort):
+            if self._final_checkpoint == item.checkpoint_id:
+                # A stop with a savepoint failed: the job goes on (sources read again; a
+                # final checkpoint after end of input is triggered again).
+                self._final_checkpoint = None
+                self._source_stopped = False
             await self.barriers.abort(item.checkpoint_id)
             self._drop_unaligned(item.checkpoint_id)
             for op in self.operators:
@@ -925,9 +941,10 @@ class SubtaskActor:
         sync_s = time.time() - started
         if barrier.final:
             self._final_checkpoint = cid
+            self._source_stopped = True  # a source reads nothing after a final barrier
         if self.hooks is not None:
             self.hooks.at(HookPoint.AFTER_SNAPSHOT)
-        if self._announces and not barrier.final:
+        if self._announces and not barrier.must_align:
             for writer in self.writers:
                 writer.announce(barrier)
         # The barrier also goes in band, also when announced: an announcement may come
@@ -944,6 +961,7 @@ class SubtaskActor:
             "sync_s": sync_s,
             "size": len(blob),
             "uids": list(snapshot),
+            "stateful_uids": [uid for uid, state in snapshot.items() if state is not None],
             "source_splits": splits,
             "unaligned": recorder is not None,
             "channel_state_size": 0,

@@ -1,0 +1,189 @@
+"""Savepoints on a real Ray with real files: a job on an unbounded source is stopped with
+a savepoint, its code changed (an operator added, uids kept), resumed from the moved
+savepoint and stopped again: every generated record reaches the exactly-once file sink
+once, and keyed state carries across. Also: a savepoint of a running job, state that no
+operator takes, and a failed savepoint that leaves the job and its checkpoint ids alone."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+
+from rayflow import StreamExecutionEnvironment
+from rayflow.checkpoint.metadata import CheckpointMetadata
+from rayflow.checkpoint.state_mapping import MissingUidWarning
+from rayflow.datagen import DataGeneratorSource
+from rayflow.errors import SavepointError
+from rayflow.status import JobState
+from rayflow.testing import wait_for_checkpoints
+from sinks.files import FileSink
+
+P = 2
+KEYS = 7
+
+
+def with_key(batch: pa.RecordBatch) -> pa.RecordBatch:
+    return batch.append_column("key", pc.remainder(batch.column("value"), KEYS))
+
+
+def tagged(batch: pa.RecordBatch) -> pa.RecordBatch:
+    return batch.append_column("tag", pa.array(np.full(batch.num_rows, 2, dtype=np.int64)))
+
+
+def build(tmp_path, version: int, rate: float = 4000):
+    env = StreamExecutionEnvironment.get_execution_environment().set_parallelism(P)
+    env.enable_checkpointing(200)
+    env.get_checkpoint_config().set_checkpoint_storage(str(tmp_path / "chk"))
+    keyed = (
+        env.from_source(DataGeneratorSource(records_per_second=rate, batch_size=100), "gen")
+        .uid("gen")
+        .map_batches(with_key, name="with-key")
+        .uid("with-key")
+    )
+    raw = keyed
+    if version == 2:  # the code change: one operator added before the raw sink
+        raw = keyed.map_batches(tagged, name="tag").uid("tag")
+    raw.sink_to(FileSink(str(tmp_path / "raw"), "parquet"), name="raw").uid("raw")
+    (
+        keyed.key_by("key")
+        .sum("value")
+        .uid("sum")
+        .sink_to(FileSink(str(tmp_path / "sums"), "parquet"), name="sums")
+        .uid("sums")
+    )
+    return env
+
+
+def committed(directory) -> pa.Table:
+    names = sorted(n for n in os.listdir(directory) if not n.startswith("."))
+    return pa.concat_tables(
+        [pq.read_table(os.path.join(directory, n)) for n in names], promote_options="default"
+    )
+
+
+def wait_for_records(tmp_path, at_least: int, timeout_s: float = 60) -> None:
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        if os.path.isdir(tmp_path / "raw") and any(
+            not n.startswith(".") for n in os.listdir(tmp_path / "raw")
+        ):
+            if committed(tmp_path / "raw").num_rows >= at_least:
+                return
+        time.sleep(0.1)
+    raise AssertionError(f"fewer than {at_least} records committed in {timeout_s} s")
+
+
+def check_exactly_once(tmp_path) -> np.ndarray:
+    """Every generated index once: each split (index mod P) made a prefix of its indices."""
+    values = np.sort(committed(tmp_path / "raw").column("value").to_numpy())
+    assert len(np.unique(values)) == len(values), "a record was written twice"
+    for split in range(P):
+        mine = values[values % P == split]
+        assert np.array_equal(mine, np.arange(split, split + P * len(mine), P)), (
+            f"split {split}: a record is missing"
+        )
+    return values
+
+
+def test_stop_change_code_resume_from_a_moved_savepoint_exactly_once(tmp_path):
+    job = f"savepoint-{time.time_ns()}"
+    client = build(tmp_path, 1).execute_async(job)
+    wait_for_records(tmp_path, 500)
+    first = client.stop_with_savepoint(str(tmp_path / "savepoints"))
+    assert client.get_job_status() is JobState.FINISHED
+    assert os.path.exists(os.path.join(first, "_metadata"))
+    stopped = check_exactly_once(tmp_path)
+    assert not os.listdir(tmp_path / "raw") or all(
+        not n.startswith(".") for n in os.listdir(tmp_path / "raw")
+    ), "a transaction was left open at the stop"
+
+    # moved: no reference into the first run's checkpoint directory
+    moved = str(tmp_path / "moved" / "sp")
+    shutil.copytree(first, moved)
+    shutil.rmtree(first)
+    shutil.rmtree(tmp_path / "chk")
+    meta = CheckpointMetadata.from_bytes(open(os.path.join(moved, "_metadata"), "rb").read())
+    assert meta.savepoint and all("/" not in e.path for e in meta.subtasks.values())
+
+    client2 = build(tmp_path, 2).execute_async(job, restore_from=moved)
+    assert client2.run_id != client.run_id
+    wait_for_records(tmp_path, len(stopped) + 500)
+    client2.stop_with_savepoint(str(tmp_path / "savepoints"))
+    result = client2.wait()
+    assert result.restored_from == meta.checkpoint_id
+    # checkpoint ids of the new run start above the savepoint's
+    assert min(c["checkpoint_id"] for c in result.checkpoints) > meta.checkpoint_id
+
+    values = check_exactly_once(tmp_path)
+    assert len(values) > len(stopped)
+    table = committed(tmp_path / "raw")
+    tags = table.column("tag").to_pylist()
+    assert tags.count(None) == len(stopped)  # written before the change: no tag column
+    assert tags.count(2) == len(values) - len(stopped)
+    # keyed state carried across the stop: the last running sum of every key is the sum
+    # of every value of that key
+    sums = committed(tmp_path / "sums")
+    for key in range(KEYS):
+        mine = values[values % KEYS == key]
+        got = pc.max(sums.filter(pc.equal(sums.column("key"), key)).column("value")).as_py()
+        assert got == int(mine.sum())
+
+
+def test_savepoint_of_a_running_job_restores_and_warns_about_missing_uids(tmp_path):
+    job = f"running-{time.time_ns()}"
+    client = build(tmp_path, 1).execute_async(job)
+    assert wait_for_checkpoints(client, 1, timeout_s=60) >= 1
+    path = client.trigger_savepoint(str(tmp_path / "sp"))
+    assert client.get_job_status() is JobState.RUNNING
+    assert os.path.exists(os.path.join(path, "_metadata"))
+    marked = [c for c in client.checkpoints() if c.get("savepoint") == path]
+    assert marked and marked[0]["status"] == "COMPLETED"
+    # the run's checkpoints go on after it, with higher ids
+    count = len(client.checkpoints())
+    deadline = time.time() + 30
+    while len(client.checkpoints()) == count and time.time() < deadline:
+        time.sleep(0.05)
+    assert client.checkpoints()[-1]["checkpoint_id"] > marked[0]["checkpoint_id"]
+    client.cancel()
+
+    # a job whose sum has another uid: its state is refused unless dropped
+    env = build(tmp_path, 1)
+    sum_transformation = next(t for t in env._plan.transformations.values() if t.uid == "sum")
+    sum_transformation.uid = "sum-v2"
+    with pytest.raises(ValueError, match="does not have.*'sum'.*allow_non_restored_state"):
+        env.execute_async(job, restore_from=path)
+
+    # a stateless operator without a uid: a warning naming it, and the job restores
+    env = build(tmp_path, 1)
+    for t in env._plan.transformations.values():
+        if t.uid == "with-key":
+            t.uid = None
+    with pytest.warns(MissingUidWarning, match="with-key"):
+        client = env.execute_async(job, restore_from=path)
+    assert wait_for_checkpoints(client, 1, timeout_s=60) >= 1
+    assert client.cancel()
+
+
+def test_a_failed_savepoint_leaves_the_job_running_and_ids_increasing(tmp_path):
+    job = f"failing-{time.time_ns()}"
+    client = build(tmp_path, 1).execute_async(job)
+    assert wait_for_checkpoints(client, 1, timeout_s=60) >= 1
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("a file where the savepoint directory would go")
+    with pytest.raises(SavepointError, match="could not be written"):
+        client.trigger_savepoint(str(blocker))
+    assert client.get_job_status() is JobState.RUNNING
+    path = client.trigger_savepoint(str(tmp_path / "sp"))
+    ids = [c["checkpoint_id"] for c in client.checkpoints()]
+    assert ids == sorted(ids) and len(set(ids)) == len(ids)
+    client.stop_with_savepoint(str(tmp_path / "sp"))
+    assert client.get_job_status() is JobState.FINISHED
+    assert os.path.exists(os.path.join(path, "_metadata"))
+    check_exactly_once(tmp_path)
