@@ -4,6 +4,7 @@
     rayflow run --example NAME [JOB ARGS...]             run an example that ships with rayflow
     rayflow demo [--sink s3|files|postgres ...]          the guarantees, side by side
     rayflow checkpoints PATH [--endpoint-url URL ...]    list and inspect retained checkpoints
+    rayflow savepoint JOB_ID DIR [--stop]                take a savepoint of a running job
     rayflow bench alignment [--quick] [--out DIR]        run a benchmark
     rayflow --version
 
@@ -22,7 +23,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 import rayflow
-from rayflow import cluster_local
+from rayflow import cluster_local, savepoint_cli
 
 __all__ = ["main", "build_parser"]
 
@@ -289,6 +290,7 @@ _SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
     _add_checkpoints,
     _add_bench,
     cluster_local.add_subcommand,
+    savepoint_cli.add_subcommand,
 )
 
 

@@ -19,6 +19,7 @@ import pytest
 from rayflow import StreamExecutionEnvironment
 from rayflow.checkpoint.metadata import CheckpointMetadata
 from rayflow.checkpoint.state_mapping import MissingUidWarning
+from rayflow.cli import main as cli_main
 from rayflow.datagen import DataGeneratorSource
 from rayflow.errors import SavepointError
 from rayflow.status import JobState
@@ -171,7 +172,7 @@ def test_savepoint_of_a_running_job_restores_and_warns_about_missing_uids(tmp_pa
     assert client.cancel()
 
 
-def test_a_failed_savepoint_leaves_the_job_running_and_ids_increasing(tmp_path):
+def test_a_failed_savepoint_leaves_the_job_running_and_ids_increasing(tmp_path, capsys):
     job = f"failing-{time.time_ns()}"
     client = build(tmp_path, 1).execute_async(job)
     assert wait_for_checkpoints(client, 1, timeout_s=60) >= 1
@@ -180,10 +181,15 @@ def test_a_failed_savepoint_leaves_the_job_running_and_ids_increasing(tmp_path):
     with pytest.raises(SavepointError, match="could not be written"):
         client.trigger_savepoint(str(blocker))
     assert client.get_job_status() is JobState.RUNNING
-    path = client.trigger_savepoint(str(tmp_path / "sp"))
+    # from the command line, by job id (as another process would)
+    assert cli_main(["savepoint", client.job_id, str(tmp_path / "sp")]) == 0
+    path = capsys.readouterr().out.strip()
+    assert os.path.exists(os.path.join(path, "_metadata"))
     ids = [c["checkpoint_id"] for c in client.checkpoints()]
     assert ids == sorted(ids) and len(set(ids)) == len(ids)
-    client.stop_with_savepoint(str(tmp_path / "sp"))
+    assert cli_main(["savepoint", "--stop", client.job_id, str(tmp_path / "sp")]) == 0
+    client.wait(60)
     assert client.get_job_status() is JobState.FINISHED
-    assert os.path.exists(os.path.join(path, "_metadata"))
     check_exactly_once(tmp_path)
+    assert cli_main(["savepoint", client.job_id, str(tmp_path / "sp")]) == 2
+    assert "no running job" in capsys.readouterr().err
