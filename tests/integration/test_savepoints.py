@@ -23,7 +23,7 @@ from rayflow.cli import main as cli_main
 from rayflow.datagen import DataGeneratorSource
 from rayflow.errors import SavepointError
 from rayflow.status import JobState
-from rayflow.testing import wait_for_checkpoints
+from rayflow.testing import Fault, FaultPlan, FaultPoint, inject_faults, wait_for_checkpoints
 from sinks.files import FileSink
 
 P = 2
@@ -193,3 +193,39 @@ def test_a_failed_savepoint_leaves_the_job_running_and_ids_increasing(tmp_path, 
     check_exactly_once(tmp_path)
     assert cli_main(["savepoint", client.job_id, str(tmp_path / "sp")]) == 2
     assert "no running job" in capsys.readouterr().err
+
+
+def test_a_stop_with_savepoint_that_fails_lets_the_job_go_on(tmp_path):
+    """The sources stop at the savepoint's barrier; the savepoint times out (a subtask
+    stalls after its snapshot): the sources read again, the next checkpoint does not
+    finish the job, and a second stop is exactly once."""
+    env = build(tmp_path, 1)
+    env.enable_checkpointing(600_000)  # only savepoints take checkpoints
+    env.get_checkpoint_config().set_checkpoint_timeout(1000)
+    inject_faults(
+        env,
+        FaultPlan([Fault(FaultPoint.AFTER_SNAPSHOT, vertex="Sum", action="sleep", seconds=2.5)]),
+    )
+    client = env.execute_async(f"stop-fails-{time.time_ns()}")
+
+    def generated() -> int:
+        return sum(m["records_out"] for m in client.metrics() if m["vertex"].startswith("gen"))
+
+    deadline = time.time() + 60
+    while generated() < 200 and time.time() < deadline:
+        time.sleep(0.1)
+    with pytest.raises(SavepointError, match="failed.*the job goes on"):
+        client.stop_with_savepoint(str(tmp_path / "sp"))
+    assert client.get_job_status() is JobState.RUNNING
+    before = generated()
+    deadline = time.time() + 30
+    while generated() < before + 200 and time.time() < deadline:
+        time.sleep(0.1)
+    assert generated() >= before + 200, "the sources did not read again"
+    statuses = [c["status"] for c in client.checkpoints()]
+    assert statuses == ["FAILED"]
+    time.sleep(2.5)  # the stalled subtask wakes up
+    path = client.stop_with_savepoint(str(tmp_path / "sp"))
+    assert client.get_job_status() is JobState.FINISHED
+    assert os.path.exists(os.path.join(path, "_metadata"))
+    check_exactly_once(tmp_path)
