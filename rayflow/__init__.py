@@ -20,9 +20,16 @@ if TYPE_CHECKING:
         RestartStrategies,
         RestartStrategy,
     )
+    from rayflow.datagen import DataGeneratorSource
     from rayflow.datastream import DataStream, DataStreamSink, KeyedStream
     from rayflow.environment import JobClient, JobResult, StreamExecutionEnvironment
-    from rayflow.errors import ConcurrentRunError, JobCancelledError, JobFailedError, OperatorError
+    from rayflow.errors import (
+        ConcurrentRunError,
+        JobCancelledError,
+        JobFailedError,
+        OperatorError,
+        SavepointError,
+    )
     from rayflow.failures import FailureEntry
     from rayflow.functions import (
         FilterFunction,
@@ -106,6 +113,8 @@ _EXPORTS: dict[str, str] = {
     "JobFailedError": "rayflow.errors",
     "JobCancelledError": "rayflow.errors",
     "ConcurrentRunError": "rayflow.errors",
+    "SavepointError": "rayflow.errors",
+    "DataGeneratorSource": "rayflow.datagen",
     "OperatorError": "rayflow.errors",
     "NonRecoverableError": "rayflow.recoverability",
     "FailureEntry": "rayflow.failures",
@@ -136,6 +145,7 @@ __all__ = [
     "NumberSequenceSource",
     "CollectionSource",
     "FileSource",
+    "DataGeneratorSource",
     "Sink",
     "SinkWriter",
     "SinkContext",
@@ -155,6 +165,7 @@ __all__ = [
     "JobFailedError",
     "JobCancelledError",
     "ConcurrentRunError",
+    "SavepointError",
     "OperatorError",
     "NonRecoverableError",
     "FailureEntry",
