@@ -229,3 +229,31 @@ def test_a_stop_with_savepoint_that_fails_lets_the_job_go_on(tmp_path):
     assert client.get_job_status() is JobState.FINISHED
     assert os.path.exists(os.path.join(path, "_metadata"))
     check_exactly_once(tmp_path)
+
+
+def test_a_failure_after_the_stop_savepoint_completed_still_stops_the_job(tmp_path):
+    """A sink subtask dies after the stop's savepoint completed, before it finished:
+    the restarted attempt restores the savepoint's checkpoint, reads nothing more, commits
+    what the savepoint holds and finishes at a final checkpoint."""
+    env = build(tmp_path, 1)
+    env.enable_checkpointing(600_000)  # only savepoints take checkpoints
+    # the raw sink's process dies in its first commit: the savepoint's, after it completed
+    inject_faults(env, FaultPlan([Fault(FaultPoint.SINK_DURING_COMMIT, vertex="raw")]))
+    client = env.execute_async(f"stop-then-fail-{time.time_ns()}")
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        generated = sum(m["records_out"] for m in client.metrics() if m["vertex"].startswith("gen"))
+        if generated >= 300:
+            break
+        time.sleep(0.1)
+    path = client.stop_with_savepoint(str(tmp_path / "sp"), timeout=90)
+    result = client.wait()
+    assert result.restarts == 1
+    saved = CheckpointMetadata.from_bytes(open(os.path.join(path, "_metadata"), "rb").read())
+    assert result.restored_from == saved.checkpoint_id
+    final = result.completed_checkpoints[-1]
+    assert final["final"] and final["checkpoint_id"] > saved.checkpoint_id
+    values = check_exactly_once(tmp_path)
+    # nothing was read after the savepoint: its source positions are where the output ends
+    made = sum(s.made for splits in saved.source_splits.values() for s in splits)
+    assert len(values) == made
