@@ -184,6 +184,9 @@ class CheckpointCoordinator:
         #: checkpoints being copied into savepoints: never subsumed meanwhile
         self._exporting: set[int] = set()
         self._closed = asyncio.Event()  # shut down: the attempt ended
+        #: the id of a completed stop-with-savepoint: the job stops there, also when this
+        #: attempt fails before every subtask finished
+        self.stopped_at: int | None = None
 
     # --- lifecycle ----------------------------------------------------------------------
 
@@ -408,6 +411,8 @@ class CheckpointCoordinator:
         self._record(pending, CheckpointStatus.COMPLETED, None, completed_at)
         if pending.final:
             self._final_done = True  # nothing is triggered after it, not while exporting
+        if pending.savepoint is not None and pending.savepoint.stop:
+            self.stopped_at = cid
         if pending.savepoint is not None:
             # Before the notification: a stopped job's subtasks finish on it, and the
             # savepoint's transactions are committed only once it is written (or failed).

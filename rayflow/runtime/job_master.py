@@ -223,6 +223,9 @@ class JobMaster:
         self.latest: CompletedCheckpoint | None = None
         self.ids: CheckpointIdCounter | None = None
         self.restored_from: int | None = None
+        #: a stop-with-savepoint completed (its checkpoint id): an attempt after it reads
+        #: no input, takes a final checkpoint and finishes
+        self._stopped_at: int | None = None
         self._looked_up_storage = False
         self._cancelled = asyncio.Event()
         if settings.cancel_requested:
@@ -707,6 +710,10 @@ class JobMaster:
                 failures=self.checkpoint_failures,
             )
             self.coordinator.start()
+            if self._stopped_at is not None:
+                # stopped with a savepoint, then failed before every subtask finished:
+                # the sources read nothing; finish at a final checkpoint
+                self.coordinator.request_final()
         self._run_refs = {key: actor.run.remote() for key, actor in self.actors.items()}
         if not settings.checkpointing:
             self.supervisor.attempt_running()  # nothing to restore: running once deployed
@@ -847,6 +854,8 @@ class JobMaster:
             await coordinator.shutdown()
             if coordinator.latest is not None:
                 self.latest = coordinator.latest
+            if coordinator.stopped_at is not None:
+                self._stopped_at = coordinator.stopped_at
         if reuse:
             await self._keep_output_of(self.actors.values())  # a finished attempt returned it
         actors, refs = self.actors, self._run_refs
@@ -922,6 +931,7 @@ class JobMaster:
                     deployment = self.deployer.deployment(
                         vertex, index, attempt, restore, outputs, master=self._me()
                     )
+                    deployment.sources_stopped = self._stopped_at is not None
                     spare = self._spare.pop(key, None)
                     if spare is not None:
                         actors[key] = spare

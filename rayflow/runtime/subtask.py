@@ -126,6 +126,9 @@ class SubtaskDeployment:
     channel_bytes: int = DEFAULT_CHANNEL_BYTES
     #: the job's failure classifier (``rayflow.recoverability``), None: the default rules
     failure_classifier: Any = None
+    #: the job was stopped with a savepoint: a source reads nothing (it only waits for the
+    #: final checkpoint)
+    sources_stopped: bool = False
 
 
 @dataclass(frozen=True)
@@ -330,7 +333,7 @@ class SubtaskActor:
         self._output = capture_stdout(self._output_prefix)
         self._final_checkpoint: int | None = None
         #: a final barrier left this source: it reads nothing more (unless it is aborted)
-        self._source_stopped = False
+        self._source_stopped = deployment.sources_stopped
         self._final_completed = False
         self._finished = False
         self._opened = False
@@ -877,7 +880,7 @@ class SubtaskActor:
                 # A stop with a savepoint failed: the job goes on (sources read again; a
                 # final checkpoint after end of input is triggered again).
                 self._final_checkpoint = None
-                self._source_stopped = False
+                self._source_stopped = self.d.sources_stopped
             await self.barriers.abort(item.checkpoint_id)
             self._drop_unaligned(item.checkpoint_id)
             for op in self.operators:
