@@ -24,7 +24,7 @@ import asyncio
 import collections
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -149,7 +149,10 @@ class CheckpointCoordinator:
         latest: CompletedCheckpoint | None,
         run_id: str | None = None,
         failures: CheckpointFailureManager | None = None,
+        on_stopped: Callable[[int], Awaitable[None]] | None = None,
     ) -> None:
+        """``on_stopped(checkpoint_id)`` is awaited when a stop-with-savepoint completed,
+        before any subtask hears of it (the job master records it durably)."""
         self.job_name = job_name
         self.run_id = run_id
         self.config = config
@@ -167,6 +170,7 @@ class CheckpointCoordinator:
         self._final_requested = False
         self._final_done = False
         self.failures = failures or CheckpointFailureManager(config.tolerable_failed_checkpoints)
+        self.on_stopped = on_stopped
         self._last_end = 0.0
         self._wakeup = asyncio.Event()
         self._loop_task: asyncio.Task | None = None
@@ -413,6 +417,8 @@ class CheckpointCoordinator:
             self._final_done = True  # nothing is triggered after it, not while exporting
         if pending.savepoint is not None and pending.savepoint.stop:
             self.stopped_at = cid
+            if self.on_stopped is not None:
+                await self.on_stopped(cid)
         if pending.savepoint is not None:
             # Before the notification: a stopped job's subtasks finish on it, and the
             # savepoint's transactions are committed only once it is written (or failed).

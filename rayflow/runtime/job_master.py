@@ -225,7 +225,7 @@ class JobMaster:
         self.restored_from: int | None = None
         #: a stop-with-savepoint completed (its checkpoint id): an attempt after it reads
         #: no input, takes a final checkpoint and finishes
-        self._stopped_at: int | None = None
+        self._stopped_at: int | None = self.supervisor.state.stopped_at
         self._looked_up_storage = False
         self._cancelled = asyncio.Event()
         if settings.cancel_requested:
@@ -708,6 +708,7 @@ class JobMaster:
                 restore,
                 run_id=settings.run_id,
                 failures=self.checkpoint_failures,
+                on_stopped=self._on_stopped,
             )
             self.coordinator.start()
             if self._stopped_at is not None:
@@ -769,6 +770,13 @@ class JobMaster:
         for (vertex_id, _), value in sorted(results.items()):
             outputs.setdefault(vertex_id, []).append(value)
         return outputs
+
+    async def _on_stopped(self, checkpoint_id: int) -> None:
+        """A stop-with-savepoint completed: recorded in the run's state before any subtask
+        hears of it, so a job master that takes over stops the job too."""
+        self._stopped_at = checkpoint_id
+        self.supervisor.state.stopped_at = checkpoint_id
+        await self._persist_quietly()
 
     async def _unless_cancelled(self, work: Any) -> Any:
         """``await work``, unless the job is cancelled first (then JobCancelledError)."""

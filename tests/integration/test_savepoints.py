@@ -257,3 +257,29 @@ def test_a_failure_after_the_stop_savepoint_completed_still_stops_the_job(tmp_pa
     # nothing was read after the savepoint: its source positions are where the output ends
     made = sum(s.made for splits in saved.source_splits.values() for s in splits)
     assert len(values) == made
+
+
+def test_a_job_master_lost_after_the_stop_savepoint_completed_still_stops_the_job(tmp_path):
+    """The job master dies after the stop's savepoint completed (recorded in the run's
+    state) and before any subtask heard of it: the job master that takes over stops the
+    job too, instead of reading on."""
+    env = build(tmp_path, 1)
+    env.enable_checkpointing(600_000)  # only savepoints take checkpoints
+    inject_faults(env, FaultPlan([Fault(FaultPoint.JOB_MASTER_BEFORE_NOTIFY)]))
+    client = env.execute_async(f"stop-master-lost-{time.time_ns()}")
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        generated = sum(m["records_out"] for m in client.metrics() if m["vertex"].startswith("gen"))
+        if generated >= 300:
+            break
+        time.sleep(0.1)
+    with pytest.raises(SavepointError, match="job master was lost"):
+        client.stop_with_savepoint(str(tmp_path / "sp"), timeout=90)
+    result = client.wait(90)
+    assert result.job_master_restarts == 1
+    (name,) = os.listdir(tmp_path / "sp")
+    saved = CheckpointMetadata.from_bytes(open(tmp_path / "sp" / name / "_metadata", "rb").read())
+    assert result.restored_from == saved.checkpoint_id
+    values = check_exactly_once(tmp_path)
+    made = sum(s.made for splits in saved.source_splits.values() for s in splits)
+    assert len(values) == made
