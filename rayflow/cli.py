@@ -215,7 +215,8 @@ def _add_checkpoints(subparsers: argparse._SubParsersAction) -> None:
         help="list and inspect retained checkpoints",
         description="List the completed checkpoints of every run of a job (PATH is the job's "
         "checkpoint directory, e.g. /tmp/rayflow-checkpoints/<job>), of one run (PATH is a "
-        "run-<...> directory in it) or inspect one (PATH ends in chk-<n>): id, completion "
+        "run-<...> directory in it) or inspect one (PATH ends in chk-<n>, or is a savepoint's "
+        "directory): id, completion "
         "time, size, and the state size of every operator. PATH may also be the storage "
         "root (the jobs in it are listed), and an s3://bucket/prefix/... URI: credentials "
         "come from the environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, ...).",

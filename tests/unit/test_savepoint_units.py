@@ -31,6 +31,7 @@ from rayflow.checkpoint.state_mapping import (
     unmatched_state,
 )
 from rayflow.checkpoint.storage import CheckpointStorage
+from rayflow.cli import main as cli_main
 from rayflow.runtime.channel_state import decode_snapshot, encode_snapshot
 from rayflow.runtime.restore import state_handles
 from sinks.basic import CollectSink
@@ -110,7 +111,7 @@ def metadata(tmp_path) -> CheckpointMetadata:
     )
 
 
-def test_a_savepoint_is_self_contained_and_restores_after_a_move(tmp_path):
+def test_a_savepoint_is_self_contained_and_restores_after_a_move(tmp_path, capsys):
     meta = metadata(tmp_path)
     blob = open(meta.subtasks[(0, 0)].path, "rb").read()
     where = write_savepoint(str(tmp_path / "sp" / "one"), meta, {(0, 0): blob})
@@ -128,6 +129,10 @@ def test_a_savepoint_is_self_contained_and_restores_after_a_move(tmp_path):
     )
     data = loaded.blob_storage.read_blob(entry.path)
     assert dict(decode_operator_states(data)) == {"sum": {"a": 1}}
+    assert cli_main(["checkpoints", moved]) == 0
+    listing = capsys.readouterr().out
+    assert f"savepoint of job 'job' run {meta.run_id} (its checkpoint 7)" in listing
+    assert "Sum" in listing
     with pytest.raises(Exception, match="a savepoint is there already"):
         write_savepoint(moved, meta, {(0, 0): blob})
     with pytest.raises(FileNotFoundError, match="no savepoint here"):
