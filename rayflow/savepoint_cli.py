@@ -16,7 +16,7 @@ import re
 import sys
 from typing import Any
 
-__all__ = ["add_subcommand", "find_job_master", "savepoint"]
+__all__ = ["add_subcommand", "add_arguments", "find_job_master", "savepoint"]
 
 _MASTER = re.compile(r"^rayflow:(?P<job>[^:]+):master:(?P<generation>\d+)$")
 
@@ -61,14 +61,21 @@ def savepoint(job_id: str, directory: str, stop: bool = False, timeout: float = 
 
 
 def add_subcommand(subparsers: argparse._SubParsersAction) -> None:
-    """Registers ``rayflow savepoint``."""
-    parser = subparsers.add_parser(
-        "savepoint",
-        help="take a savepoint of a running job (--stop: and stop it)",
-        description=__doc__.split("\n\n")[0].split(": ", 1)[1]
-        + " "
-        + __doc__.split("\n\n")[1].replace("\n", " "),
+    """Registers ``rayflow savepoint`` (a command group can register the same command
+    under itself with :func:`add_arguments`)."""
+    add_arguments(
+        subparsers.add_parser(
+            "savepoint",
+            help="take a savepoint of a running job (--stop: and stop it)",
+            description=__doc__.split("\n\n")[0].split(": ", 1)[1]
+            + " "
+            + __doc__.split("\n\n")[1].replace("\n", " "),
+        )
     )
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The arguments and handler of the savepoint command, on ``parser``."""
     parser.add_argument("job_id", metavar="JOB_ID", help="the job id printed when the job started")
     parser.add_argument("directory", metavar="DIRECTORY", help="where the savepoint goes")
     parser.add_argument(
@@ -84,6 +91,7 @@ def add_subcommand(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds (default 300)")
     parser.set_defaults(handler=_savepoint)
+    return parser
 
 
 def _savepoint(args: argparse.Namespace) -> int:

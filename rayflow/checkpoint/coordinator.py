@@ -315,7 +315,8 @@ class CheckpointCoordinator:
                 )
             if self._final_done or self._final_requested:
                 raise SavepointError(
-                    f"job {self.job_name!r} is finishing (its input ended): no savepoint"
+                    f"job {self.job_name!r} is finishing (its input ended, or it is being "
+                    "stopped): no savepoint"
                 )
             if self.pending is None and await self.trigger(savepoint=request) is not None:
                 break

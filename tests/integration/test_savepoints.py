@@ -160,6 +160,10 @@ def test_savepoint_of_a_running_job_restores_and_warns_about_missing_uids(tmp_pa
     sum_transformation.uid = "sum-v2"
     with pytest.raises(ValueError, match="does not have.*'sum'.*allow_non_restored_state"):
         env.execute_async(job, restore_from=path)
+    # dropped on request: the job restores everything else and runs
+    client = env.execute_async(job, restore_from=path, allow_non_restored_state=True)
+    assert wait_for_checkpoints(client, 1, timeout_s=60) >= 1
+    assert client.cancel()
 
     # a stateless operator without a uid: a warning naming it, and the job restores
     env = build(tmp_path, 1)
