@@ -287,3 +287,33 @@ def test_a_job_master_lost_after_the_stop_savepoint_completed_still_stops_the_jo
     values = check_exactly_once(tmp_path)
     made = sum(s.made for splits in saved.source_splits.values() for s in splits)
     assert len(values) == made
+
+
+def test_a_trigger_that_arrives_after_its_abort_does_not_stop_a_source(tmp_path):
+    """A source hears of a stop savepoint's abort before its trigger (calls overtaking
+    each other): the late trigger is stale, the source reads on and the job stops later."""
+    import ray
+
+    client = build(tmp_path, 1).execute_async(f"late-trigger-{time.time_ns()}")
+    assert wait_for_checkpoints(client, 1, timeout_s=60) >= 1
+    (actor,) = [
+        a
+        for a in ray.util.list_named_actors(all_namespaces=True)
+        if a["name"].startswith(f"rayflow:{client.job_id}:v0:s0:")
+    ]
+    source = ray.get_actor(actor["name"], namespace=actor["namespace"])
+    attempt = ray.get(source.metrics.remote())["attempt"]
+    stale = 10_000  # above every id the run takes in this test
+    ray.get(source.notify_checkpoint_aborted.remote(attempt, stale))
+    ray.get(source.trigger_checkpoint.remote(attempt, stale, time.time(), True, True))
+
+    def produced() -> int:
+        return ray.get(source.metrics.remote())["records_out"]
+
+    before = produced()
+    deadline = time.time() + 30
+    while produced() < before + 200 and time.time() < deadline:
+        time.sleep(0.1)
+    assert produced() >= before + 200, "the source stopped at a stale trigger"
+    client.stop_with_savepoint(str(tmp_path / "sp"), timeout=60)
+    check_exactly_once(tmp_path)
