@@ -334,6 +334,9 @@ class SubtaskActor:
         self._final_checkpoint: int | None = None
         #: a final barrier left this source: it reads nothing more (unless it is aborted)
         self._source_stopped = deployment.sources_stopped
+        #: the newest checkpoint this subtask heard was aborted: a later trigger of it or
+        #: of an older one is stale
+        self._aborted_up_to = 0
         self._final_completed = False
         self._finished = False
         self._opened = False
@@ -854,6 +857,8 @@ class SubtaskActor:
         elif isinstance(item, _AlignmentTimer):
             await self._take(self.barriers.on_timer(item.checkpoint_id))
         elif isinstance(item, _Trigger):
+            if item.checkpoint_id <= self._aborted_up_to:
+                return  # aborted before its trigger got here: stale (ids only grow)
             await self._checkpoint(
                 CheckpointBarrier(item.checkpoint_id, item.timestamp, item.final, item.savepoint)
             )
@@ -876,6 +881,7 @@ class SubtaskActor:
                 self.operators[item.position].on_timer(item.token)
                 self._maybe_finish()
         elif isinstance(item, _Abort):
+            self._aborted_up_to = max(self._aborted_up_to, item.checkpoint_id)
             if self._final_checkpoint == item.checkpoint_id:
                 # A stop with a savepoint failed: the job goes on (sources read again; a
                 # final checkpoint after end of input is triggered again).
