@@ -20,6 +20,7 @@ if TYPE_CHECKING:
         RestartStrategies,
         RestartStrategy,
     )
+    from rayflow.datagen import DataGeneratorSource
     from rayflow.datastream import DataStream, DataStreamSink, KeyedStream
     from rayflow.environment import JobClient, JobResult, StreamExecutionEnvironment
     from rayflow.errors import (
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
         JobFailedError,
         JobResultLostError,
         OperatorError,
+        SavepointError,
     )
     from rayflow.eventtime import Duration, TimeDomain, TimestampAssigner, WatermarkStrategy
     from rayflow.failures import FailureEntry
@@ -128,6 +130,8 @@ _EXPORTS: dict[str, str] = {
     "JobCancelledError": "rayflow.errors",
     "JobResultLostError": "rayflow.errors",
     "ConcurrentRunError": "rayflow.errors",
+    "SavepointError": "rayflow.errors",
+    "DataGeneratorSource": "rayflow.datagen",
     "OperatorError": "rayflow.errors",
     "NonRecoverableError": "rayflow.recoverability",
     "FailureEntry": "rayflow.failures",
@@ -174,6 +178,7 @@ __all__ = [
     "NumberSequenceSource",
     "CollectionSource",
     "FileSource",
+    "DataGeneratorSource",
     "Sink",
     "SinkWriter",
     "SinkContext",
@@ -194,6 +199,7 @@ __all__ = [
     "JobCancelledError",
     "JobResultLostError",
     "ConcurrentRunError",
+    "SavepointError",
     "OperatorError",
     "NonRecoverableError",
     "FailureEntry",

@@ -6,6 +6,7 @@
     rayflow jobs list|status|cancel|checkpoints|remove   detached jobs on a cluster
     rayflow demo [--sink s3|files|postgres ...]          the guarantees, side by side
     rayflow checkpoints PATH [--endpoint-url URL ...]    list and inspect retained checkpoints
+    rayflow savepoint JOB_ID DIR [--stop]                take a savepoint of a running job
     rayflow bench alignment [--quick] [--out DIR]        run a benchmark
     rayflow --version
 
@@ -24,7 +25,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 import rayflow
-from rayflow import cluster_local, jobs_cli
+from rayflow import cluster_local, jobs_cli, savepoint_cli
 
 __all__ = ["main", "build_parser"]
 
@@ -263,7 +264,8 @@ def _add_checkpoints(subparsers: argparse._SubParsersAction) -> None:
         help="list and inspect retained checkpoints",
         description="List the completed checkpoints of every run of a job (PATH is the job's "
         "checkpoint directory, e.g. /tmp/rayflow-checkpoints/<job>), of one run (PATH is a "
-        "run-<...> directory in it) or inspect one (PATH ends in chk-<n>): id, completion "
+        "run-<...> directory in it) or inspect one (PATH ends in chk-<n>, or is a savepoint's "
+        "directory): id, completion "
         "time, size, and the state size of every operator. PATH may also be the storage "
         "root (the jobs in it are listed), and an s3://bucket/prefix/... URI: credentials "
         "come from the environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, ...).",
@@ -339,6 +341,7 @@ _SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
     _add_bench,
     cluster_local.add_subcommand,
     jobs_cli.add_subcommand,
+    savepoint_cli.add_subcommand,
 )
 
 

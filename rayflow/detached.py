@@ -130,7 +130,14 @@ def _result_summary(result: Any) -> dict[str, Any]:
 class JobHost:
     """Runs one detached job and keeps its outcome until it is removed."""
 
-    def __init__(self, graph: Any, settings: Any, restore_from: str | None) -> None:
+    def __init__(
+        self,
+        graph: Any,
+        settings: Any,
+        restore_from: str | None,
+        plan: Any = None,
+        allow_non_restored_state: bool = False,
+    ) -> None:
         self.name = settings.job_name
         self.job_id = settings.job_id
         self.run_id = settings.run_id
@@ -148,14 +155,25 @@ class JobHost:
         self._ended = threading.Event()
         self._lock = threading.Lock()
         threading.Thread(
-            target=self._run, args=(graph, settings, restore_from), daemon=True
+            target=self._run,
+            args=(graph, settings, restore_from, plan, allow_non_restored_state),
+            daemon=True,
         ).start()
 
-    def _run(self, graph: Any, settings: Any, restore_from: str | None) -> None:
+    def _run(
+        self,
+        graph: Any,
+        settings: Any,
+        restore_from: str | None,
+        plan: Any,
+        allow_non_restored_state: bool,
+    ) -> None:
         from rayflow.environment import start_run
 
         try:
-            self._client = start_run(graph, settings, restore_from)
+            self._client = start_run(
+                graph, settings, restore_from, None, plan, allow_non_restored_state
+            )
         except BaseException as exc:  # noqa: BLE001 - the submitter gets it from started()
             self._start_error = exc
             self._error = _first_line(exc)
@@ -380,7 +398,12 @@ def _refusal(name: str, status: dict[str, Any]) -> ConcurrentRunError:
 
 
 def submit(
-    graph: Any, settings: Any, restore_from: str | None, guarantees: dict[str, str]
+    graph: Any,
+    settings: Any,
+    restore_from: str | None,
+    guarantees: dict[str, str],
+    plan: Any = None,
+    allow_non_restored_state: bool = False,
 ) -> DetachedJob:
     """Start a detached job on the connected cluster; returns once its job master is up
     (or raises what stopped it: the name is taken, a run of it holds the run lock, the
@@ -392,7 +415,7 @@ def submit(
         try:
             host = JobHost.options(
                 name=name, namespace=NAMESPACE, lifetime="detached", **_on_the_head_node()
-            ).remote(graph, settings, restore_from)
+            ).remote(graph, settings, restore_from, plan, allow_non_restored_state)
             break
         except ValueError:
             pass  # the name is taken: by a host, or by a dead one whose name goes soon

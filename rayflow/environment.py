@@ -20,10 +20,12 @@ import ray
 
 from rayflow import detached, preflight, progress
 from rayflow.checkpoint.metadata import CheckpointMetadata
+from rayflow.checkpoint.savepoint import is_savepoint, load_savepoint
+from rayflow.checkpoint.state_mapping import check_state_mapping
 from rayflow.checkpoint.storage import JobStorage, new_run_id, open_checkpoint_path
 from rayflow.config import CheckpointConfig, CheckpointingMode, RestartStrategy
 from rayflow.datastream import DataStream
-from rayflow.errors import JobCancelledError, JobFailedError, JobResultLostError
+from rayflow.errors import JobCancelledError, JobFailedError, JobResultLostError, SavepointError
 from rayflow.eventtime.strategy import WatermarkStrategy
 from rayflow.failures import FailureEntry
 from rayflow.guarantees import CheckpointingFacts, GuaranteeResolution
@@ -336,6 +338,46 @@ class JobClient:
     def metrics(self) -> list[dict[str, Any]]:
         """Per-subtask metrics of the running job (records in/out, buffers, in-flight pushes)."""
         return ray.get(self._master.metrics.remote())
+
+    def trigger_savepoint(self, path: str, timeout: float | None = 300.0) -> str:
+        """Take a savepoint of the running job into a new directory under ``path`` (local,
+        or any URI of the checkpoint storage's kind, e.g. ``s3://bucket/savepoints``) and
+        return that directory; the job goes on. A savepoint is self-contained (it may be
+        moved) and ``execute(restore_from=<it>)`` starts a new run from it. Raises
+        :class:`~rayflow.errors.SavepointError` when it fails (the job goes on)."""
+        return self._savepoint(path, stop=False, timeout=timeout)
+
+    def stop_with_savepoint(self, path: str, timeout: float | None = 300.0) -> str:
+        """Stop the job with a savepoint (Flink's stop-with-savepoint): the sources stop at
+        the savepoint's barrier, every operator snapshots, two-phase-commit sinks commit
+        their last transactions once it completes, and every subtask finishes; returns the
+        savepoint's directory once the job has ended (FINISHED). If the savepoint fails
+        before it completes the job goes on, and this raises
+        :class:`~rayflow.errors.SavepointError`."""
+        deadline = None if timeout is None else time.time() + timeout
+        directory = self._savepoint(path, stop=True, timeout=timeout)
+        self.wait(None if deadline is None else max(1.0, deadline - time.time()))
+        return directory
+
+    def _savepoint(self, path: str, stop: bool, timeout: float | None) -> str:
+        if not isinstance(path, str) or not path:
+            raise TypeError(f"savepoint: path must be a non-empty str, got {path!r}")
+        if self._result is not None or self._state is not None:
+            raise SavepointError(f"job {self.job_name!r} has ended: no savepoint")
+        if "://" not in path:
+            path = os.path.abspath(path)
+        try:
+            return ray.get(self._master.trigger_savepoint.remote(path, stop), timeout=timeout)
+        except ray.exceptions.GetTimeoutError:
+            raise JobWaitTimeout(
+                f"job {self.job_name!r}: no savepoint after {timeout:g} s"
+            ) from None
+        except ray.exceptions.RayActorError as exc:
+            raise SavepointError(
+                f"job {self.job_name!r}: its job master was lost during the savepoint ({exc})"
+            ) from None
+        except Exception as exc:  # noqa: BLE001 - the cause, not Ray's wrapper
+            raise _unwrap(exc) from None
 
     def cancel(self, timeout: float | None = 120.0) -> bool:
         """Cancel the job and return once it is cleaned up: every operator closed, open
@@ -721,17 +763,29 @@ def start_run(
     settings: JobSettings,
     restore_from: str | None,
     warm: WarmWorkerConfig | None = None,
+    plan: LogicalPlan | None = None,
+    allow_non_restored_state: bool = False,
 ) -> JobClient:
     """Start a run of ``graph`` on the connected Ray: take the job name's run lock, pick
-    what to restore, prune retained runs, set the sinks up and start the job master.
-    The lock is released again when any of that fails."""
+    what to restore (a checkpoint or a savepoint, state matched by operator uid), prune
+    retained runs, set the sinks up and start the job master. The lock is released again
+    when any of that fails. ``plan`` (the job's logical plan) names the operators without
+    an explicit uid in the warning a restore gives about them."""
     job_name = settings.job_name
     config = settings.checkpoint_config
     lock = acquire_run_lock(job_name, settings.run_id)  # before choosing what to restore
     try:
         if restore_from is not None:
+            where = f"restore_from={restore_from!r}"
+            if not config.is_checkpointing_enabled():
+                raise ValueError(
+                    f"{where}: restoring needs checkpointing (env.enable_checkpointing(...))"
+                )
             settings.initial_restore = _load_restore(config, job_name, restore_from)
-            check_channel_state(graph, settings.initial_restore, f"restore_from={restore_from!r}")
+            check_channel_state(graph, settings.initial_restore, where)
+            check_state_mapping(
+                plan, graph, settings.initial_restore, allow_non_restored_state, where
+            )
         if config.is_checkpointing_enabled():
             jobs = JobStorage(config.checkpoint_storage, job_name, config.storage_options)
             source = settings.initial_restore.run_id if settings.initial_restore else None
@@ -748,6 +802,8 @@ def start_run(
 
 
 def _load_restore(config: CheckpointConfig, job_name: str, restore_from: str) -> CheckpointMetadata:
+    if restore_from != "latest" and is_savepoint(restore_from, config.storage_options):
+        return load_savepoint(restore_from, config.storage_options)
     if restore_from == "latest":
         storage: Any = JobStorage(config.checkpoint_storage, job_name, config.storage_options)
         checkpoint = None
@@ -1124,7 +1180,10 @@ class StreamExecutionEnvironment:
         return text
 
     def execute_async(
-        self, job_name: str = "rayflow job", restore_from: str | None = None
+        self,
+        job_name: str = "rayflow job",
+        restore_from: str | None = None,
+        allow_non_restored_state: bool = False,
     ) -> JobClient:
         """Start the job and return at once.
 
@@ -1134,8 +1193,12 @@ class StreamExecutionEnvironment:
         from. ``restore_from`` starts from a retained checkpoint of an earlier run: a
         ``chk-<n>`` directory, a run directory (its newest checkpoint), a job's
         directory or ``"latest"`` (the newest completed checkpoint of ``job_name``
-        across all its runs in the configured storage). The parallelism may differ
-        from the run that took it.
+        across all its runs in the configured storage), or a savepoint's directory
+        (``JobClient.trigger_savepoint`` / ``stop_with_savepoint``, wherever it was moved).
+        The parallelism may differ from the run that took it, and so may the job's code:
+        state is matched by operator uid (``.uid(...)``; operators without one get a
+        warning), new operators start empty, and state that no operator takes fails the
+        start unless ``allow_non_restored_state`` drops it.
         """
         graph = self.get_job_graph()
         if not graph.vertices:
@@ -1165,31 +1228,48 @@ class StreamExecutionEnvironment:
             preflight.check_job(job_name, graph, config)  # before Ray starts
         ensure_ray()
         if detached.is_requested():
-            job = detached.submit(graph, settings, restore_from, _guarantee_words(graph))
+            job = detached.submit(
+                graph,
+                settings,
+                restore_from,
+                _guarantee_words(graph),
+                self._plan,
+                allow_non_restored_state,
+            )
             self._fault_plan = None  # a fault plan targets one run (rayflow.testing)
             raise detached.JobDetached(job)
         warm_workers.job_starting()
         warm = self._warm_workers if not settings.subtask_options.get("runtime_env") else None
-        client = start_run(graph, settings, restore_from, warm)
+        client = start_run(
+            graph, settings, restore_from, warm, self._plan, allow_non_restored_state
+        )
         self._fault_plan = None  # a fault plan targets one run (rayflow.testing)
         return client
 
     def execute_detached(
-        self, job_name: str = "rayflow job", restore_from: str | None = None
+        self,
+        job_name: str = "rayflow job",
+        restore_from: str | None = None,
+        allow_non_restored_state: bool = False,
     ) -> detached.DetachedJob:
         """Start the job as a detached job and return a handle on it at once: it runs on
         the Ray cluster of ``RAY_ADDRESS`` after this process exits (see
         :mod:`rayflow.detached`; ``rayflow jobs`` lists, inspects and cancels it)."""
         with detached.requested():
             try:
-                self.execute_async(job_name, restore_from)
+                self.execute_async(job_name, restore_from, allow_non_restored_state)
             except detached.JobDetached as submitted:
                 return submitted.job
         raise AssertionError("execute_async returned without submitting the detached job")
 
-    def execute(self, job_name: str = "rayflow job", restore_from: str | None = None) -> JobResult:
+    def execute(
+        self,
+        job_name: str = "rayflow job",
+        restore_from: str | None = None,
+        allow_non_restored_state: bool = False,
+    ) -> JobResult:
         """Run the job to the end and return its result (see ``execute_async``)."""
-        return self.execute_async(job_name, restore_from).wait()
+        return self.execute_async(job_name, restore_from, allow_non_restored_state).wait()
 
     def execute_and_collect(
         self, job_name: str = "rayflow job", limit: int | None = None

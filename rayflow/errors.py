@@ -13,6 +13,7 @@ __all__ = [
     "RecordError",
     "SchemaChangeError",
     "NotPicklableError",
+    "SavepointError",
 ]
 
 
@@ -83,3 +84,8 @@ class SchemaChangeError(ValueError):
 
 class NotPicklableError(TypeError):
     """A function, source or sink of a job cannot be pickled to be sent to its subtasks."""
+
+
+class SavepointError(RuntimeError):
+    """A savepoint could not be taken, written or restored; the message says what became
+    of the job."""

@@ -438,6 +438,9 @@ class FileSource(Source):
 
     ``path`` is a local path or any URI ``pyarrow.fs`` understands (``s3://...``);
     a directory is listed recursively, hidden files (``.`` or ``_`` prefix) skipped.
+    Bounded: the files there when the job starts. ``monitor_continuously(interval)``
+    makes it unbounded: it also reads every file that appears later (see
+    :mod:`rayflow.file_monitor`).
     """
 
     def __init__(
@@ -455,6 +458,21 @@ class FileSource(Source):
         self.format = format
         self.batch_size = batch_size
         self._filesystem = filesystem
+        #: seconds between two listings of the path; None: bounded (listed once)
+        self.monitor_interval_s: float | None = None
+
+    def monitor_continuously(self, interval: float | Any) -> FileSource:
+        """Keep watching ``path`` for new files, listing it every ``interval`` (seconds, or
+        a ``datetime.timedelta``): the source never ends (Flink's name). Which files were
+        read, and how far into the current one, is checkpointed: each file is read
+        exactly once across restarts."""
+        seconds = interval.total_seconds() if hasattr(interval, "total_seconds") else interval
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds <= 0:
+            raise ValueError(
+                f"FileSource.monitor_continuously: interval must be > 0 seconds, got {interval!r}"
+            )
+        self.monitor_interval_s = float(seconds)
+        return self
 
     def filesystem(self) -> Any:
         return self._resolve()[0]
@@ -473,23 +491,37 @@ class FileSource(Source):
             )
         )
 
-    def create_splits(self, parallelism: int) -> list[SourceSplit]:
+    def list_paths(self, missing_ok: bool = False) -> list[str]:
+        """The files under ``path`` now, sorted (hidden ones skipped)."""
         import pyarrow.fs as pafs
 
         fs, root = self._resolve()
         info = fs.get_file_info(root)
         if info.type == pafs.FileType.NotFound:
+            if missing_ok:
+                return []
             raise MissingInputError(f"FileSource: no such file or directory: {self.path!r}")
         if info.type == pafs.FileType.File:
-            paths = [root]
-        else:
-            selector = pafs.FileSelector(root, recursive=True)
-            paths = sorted(
-                f.path
-                for f in fs.get_file_info(selector)
-                if f.type == pafs.FileType.File and not f.base_name.startswith((".", "_"))
-            )
+            return [root]
+        selector = pafs.FileSelector(root, recursive=True, allow_not_found=missing_ok)
+        return sorted(
+            f.path
+            for f in fs.get_file_info(selector)
+            if f.type == pafs.FileType.File
+            and not any(part.startswith((".", "_")) for part in f.path[len(root) :].split("/"))
+        )
+
+    def create_splits(self, parallelism: int) -> list[SourceSplit]:
+        if self.monitor_interval_s is not None:
+            from rayflow.file_monitor import watch_splits
+
+            return watch_splits(parallelism)
+        paths = self.list_paths()
         return [FileSplit(split_id=f"file-{i}", path=p) for i, p in enumerate(paths)]
 
     def create_reader(self, splits: list[SourceSplit]) -> SourceReader:
+        if self.monitor_interval_s is not None:
+            from rayflow.file_monitor import MonitoringFileReader
+
+            return MonitoringFileReader(splits, self, self.monitor_interval_s)
         return _FileReader(splits, self)

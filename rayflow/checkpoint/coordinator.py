@@ -24,7 +24,7 @@ import asyncio
 import collections
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,6 +42,16 @@ SubtaskKey = tuple[int, int]
 
 
 @dataclass
+class SavepointRequest:
+    """A savepoint asked for: written to ``target`` (a parent directory); with ``stop``
+    the job stops at its barrier. ``done`` resolves to the savepoint's directory."""
+
+    target: str
+    stop: bool
+    done: asyncio.Future
+
+
+@dataclass
 class PendingCheckpoint:
     checkpoint_id: int
     trigger_time: float
@@ -49,6 +59,7 @@ class PendingCheckpoint:
     expected: set[SubtaskKey]
     acks: dict[SubtaskKey, dict[str, Any]] = field(default_factory=dict)
     refs: dict[SubtaskKey, Any] = field(default_factory=dict)
+    savepoint: SavepointRequest | None = None
 
 
 @dataclass
@@ -144,7 +155,10 @@ class CheckpointCoordinator:
         latest: CompletedCheckpoint | None,
         run_id: str | None = None,
         failures: CheckpointFailureManager | None = None,
+        on_stopped: Callable[[int], Awaitable[None]] | None = None,
     ) -> None:
+        """``on_stopped(checkpoint_id)`` is awaited when a stop-with-savepoint completed,
+        before any subtask hears of it (the job master records it durably)."""
         self.job_name = job_name
         self.run_id = run_id
         self.config = config
@@ -162,6 +176,7 @@ class CheckpointCoordinator:
         self._final_requested = False
         self._final_done = False
         self.failures = failures or CheckpointFailureManager(config.tolerable_failed_checkpoints)
+        self.on_stopped = on_stopped
         self._last_end = 0.0
         self._wakeup = asyncio.Event()
         self._loop_task: asyncio.Task | None = None
@@ -174,6 +189,14 @@ class CheckpointCoordinator:
         self._final_id: int | None = None
         self._renotify_task: asyncio.Task | None = None
         self._background: set[asyncio.Task] = set()
+        #: one trigger at a time (the periodic one and a savepoint's)
+        self._trigger_lock = asyncio.Lock()
+        #: checkpoints being copied into savepoints: never subsumed meanwhile
+        self._exporting: set[int] = set()
+        self._closed = asyncio.Event()  # shut down: the attempt ended
+        #: the id of a completed stop-with-savepoint: the job stops there, also when this
+        #: attempt fails before every subtask finished
+        self.stopped_at: int | None = None
 
     # --- lifecycle ----------------------------------------------------------------------
 
@@ -181,6 +204,7 @@ class CheckpointCoordinator:
         self._loop_task = asyncio.ensure_future(self._periodic())
 
     async def shutdown(self) -> None:
+        self._closed.set()
         for task in (self._loop_task, self._timeout_task, self._renotify_task):
             if task is not None:
                 task.cancel()
@@ -191,11 +215,9 @@ class CheckpointCoordinator:
             if not done:
                 log.warning("checkpoint of %r: still writing its commit point", self.job_name)
         if self.pending is not None:
-            self._record(
-                self.pending,
-                CheckpointStatus.ABORTED,
-                f"{CheckpointFailureReason.ATTEMPT_ENDED}: job attempt ended",
-            )
+            reason = f"{CheckpointFailureReason.ATTEMPT_ENDED}: job attempt ended"
+            self._record(self.pending, CheckpointStatus.ABORTED, reason)
+            self._fail_savepoint(self.pending, reason)
             self.pending = None
         if self._background:
             await asyncio.wait(list(self._background), timeout=30)
@@ -254,16 +276,68 @@ class CheckpointCoordinator:
         except Exception as exc:  # noqa: BLE001 - surfaces as a failure of the attempt
             self.on_failure(exc)
 
-    async def trigger(self, final: bool = False) -> int:
-        if self.ids.needs_reservation:
-            await asyncio.to_thread(self.ids.reserve)
-        cid = self.ids.take()
-        now = time.time()
-        self.pending = PendingCheckpoint(cid, now, final, set(self.tasks))
-        self._timeout_task = asyncio.ensure_future(self._expire(cid))
-        for key in self.sources:
-            self.tasks[key].trigger_checkpoint.remote(self.attempt, cid, now, final)
-        return cid
+    async def trigger(
+        self, final: bool = False, savepoint: SavepointRequest | None = None
+    ) -> int | None:
+        """Trigger the next checkpoint; None when one is pending already (or the final
+        one is done)."""
+        async with self._trigger_lock:
+            if self.pending is not None or self._final_done:
+                return None
+            if self.ids.needs_reservation:
+                await asyncio.to_thread(self.ids.reserve)
+            cid = self.ids.take()
+            now = time.time()
+            final = final or (savepoint is not None and savepoint.stop)
+            self.pending = PendingCheckpoint(cid, now, final, set(self.tasks), savepoint=savepoint)
+            self._timeout_task = asyncio.ensure_future(self._expire(cid))
+            for key in self.sources:
+                self.tasks[key].trigger_checkpoint.remote(
+                    self.attempt, cid, now, final, savepoint is not None
+                )
+            return cid
+
+    async def trigger_savepoint(self, target: str, stop: bool) -> str:
+        """Take a savepoint into a new directory under ``target`` once no checkpoint is
+        pending (with ``stop``: the sources stop at its barrier, and every subtask finishes
+        once it completes); returns the savepoint's directory. Its id comes from the
+        run's counter like any checkpoint's; a failed savepoint is a failed checkpoint
+        that never counts against the tolerated checkpoint failures."""
+        from rayflow.checkpoint.savepoint import SavepointError
+
+        request = SavepointRequest(target, stop, asyncio.get_running_loop().create_future())
+        running = asyncio.ensure_future(self._all_running.wait())
+        closed = asyncio.ensure_future(self._closed.wait())
+        try:
+            await asyncio.wait({running, closed}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            running.cancel()
+            closed.cancel()
+        while True:
+            if self._closed.is_set():
+                raise SavepointError(
+                    f"job {self.job_name!r}: its attempt ended before the savepoint was "
+                    "taken (the job is restarting, cancelled or done)"
+                )
+            if self._final_done or self._final_requested:
+                raise SavepointError(
+                    f"job {self.job_name!r} is finishing (its input ended, or it is being "
+                    "stopped): no savepoint"
+                )
+            if self.pending is None and await self.trigger(savepoint=request) is not None:
+                break
+            await asyncio.sleep(0.01)
+        return await request.done
+
+    def _fail_savepoint(self, pending: PendingCheckpoint, reason: str) -> None:
+        request = pending.savepoint
+        if request is not None and not request.done.done():
+            from rayflow.checkpoint.savepoint import SavepointError
+
+            then = "; the job goes on" if request.stop else ""
+            request.done.set_exception(
+                SavepointError(f"savepoint {pending.checkpoint_id} failed: {reason}{then}")
+            )
 
     async def _expire(self, cid: int) -> None:
         await asyncio.sleep(self.config.timeout_ms / 1000.0)
@@ -346,18 +420,93 @@ class CheckpointCoordinator:
         previous = self.latest
         self.latest = CompletedCheckpoint(cid, metadata, dict(pending.refs))
         self._record(pending, CheckpointStatus.COMPLETED, None, completed_at)
+        if pending.final:
+            self._final_done = True  # nothing is triggered after it, not while exporting
+        if pending.savepoint is not None and pending.savepoint.stop:
+            self.stopped_at = cid
+            if self.on_stopped is not None:
+                await self.on_stopped(cid)
+        if pending.savepoint is not None:
+            # Before the notification: a stopped job's subtasks finish on it, and the
+            # savepoint's transactions are committed only once it is written (or failed).
+            await self._write_savepoint(pending, metadata)
         named = self._named_tasks()
         n = self._checkpoints_this_attempt
         self.hooks.at(HookPoint.JOB_MASTER_BEFORE_NOTIFY, n, named)
         self.hooks.at(HookPoint.BEFORE_NOTIFY, n, named)
         self._notify_complete(cid, final=pending.final)
         if pending.final:
-            self._final_done = True
             self._final_id = cid
             self._renotify_task = asyncio.ensure_future(self._renotify_final(cid))
         del previous  # its object refs go out of scope here
         self._spawn(self._subsume(cid))
         self._wakeup.set()
+
+    async def _write_savepoint(
+        self, pending: PendingCheckpoint, metadata: CheckpointMetadata
+    ) -> None:
+        """Copy completed checkpoint ``pending`` into its savepoint directory; resolve the
+        request with the directory, or with an error saying where the same state is."""
+        from rayflow.checkpoint.savepoint import (
+            SavepointError,
+            savepoint_directory,
+            write_savepoint,
+        )
+
+        request = pending.savepoint
+        assert request is not None
+        cid = pending.checkpoint_id
+        directory = savepoint_directory(request.target, cid)
+        self._exporting.add(cid)
+        try:
+            blobs: dict[SubtaskKey, bytes] = {}
+            for key, entry in metadata.subtasks.items():
+                blob = None
+                ref = pending.refs.get(key)
+                if ref is not None:
+                    try:
+                        blob = await asyncio.wait_for(ref, timeout=30)
+                    except Exception:  # noqa: BLE001 - from the durable tier then
+                        blob = None
+                if blob is None:
+                    blob = await asyncio.to_thread(self.storage.read_blob, entry.path)
+                blobs[key] = blob
+            options = self.config.storage_options if request.target.startswith("s3://") else {}
+            error: BaseException | None = None
+            for pause in (0.2, 1.0, 0.0):
+                try:
+                    await asyncio.to_thread(write_savepoint, directory, metadata, blobs, options)
+                    error = None
+                    break
+                except SavepointError:
+                    directory = savepoint_directory(request.target, cid)
+                except Exception as exc:  # noqa: BLE001 - storage may fail for a moment
+                    error = exc
+                    await asyncio.sleep(pause)
+            if error is not None:
+                raise error
+        except Exception as exc:  # noqa: BLE001 - the checkpoint stands; the copy failed
+            where = self.storage.checkpoint_dir(cid)
+            then = "the job stops anyway" if request.stop else "the job goes on"
+            log.warning("savepoint %d of %r not written: %s", cid, self.job_name, exc)
+            if not request.done.done():
+                request.done.set_exception(
+                    SavepointError(
+                        f"savepoint {cid} could not be written to {request.target!r} "
+                        f"({type(exc).__name__}: {exc}); {then}. The same state is checkpoint "
+                        f"{cid} of run {self.run_id} ({where}), which restore_from accepts "
+                        "while it is retained"
+                    )
+                )
+            return
+        finally:
+            self._exporting.discard(cid)
+        log.info("savepoint %d of %r written to %s", cid, self.job_name, directory)
+        for stats in self.history.recent:
+            if stats["checkpoint_id"] == cid:
+                stats["savepoint"] = directory
+        if not request.done.done():
+            request.done.set_result(directory)
 
     def _reads_back(self, cid: int, metadata: CheckpointMetadata) -> bool:
         for _ in range(3):
@@ -406,7 +555,7 @@ class CheckpointCoordinator:
 
         def collect() -> None:
             ids = self.storage.completed_ids()
-            keep = ids[-retained:] if ids else [newest]
+            keep = (ids[-retained:] if ids else [newest]) + sorted(self._exporting)
             pending = self.pending.checkpoint_id if self.pending is not None else None
             self.storage.collect_garbage(keep, in_flight=pending)
 
@@ -441,6 +590,11 @@ class CheckpointCoordinator:
         for actor in self.tasks.values():
             actor.notify_checkpoint_aborted.remote(self.attempt, pending.checkpoint_id)
         self._spawn(asyncio.to_thread(self.storage.discard, pending.checkpoint_id))
+        if pending.savepoint is not None:
+            # Flink's rule: a failed savepoint never fails the job.
+            self._fail_savepoint(pending, reason)
+            self._wakeup.set()
+            return
         limit = self.failures.on_failure(pending.checkpoint_id, cause, reason)
         if limit is not None:
             limit.__cause__ = error
@@ -456,8 +610,12 @@ class CheckpointCoordinator:
         for key, info in pending.acks.items():
             vertex = self.graph.vertices[key[0]]
             uids = list(info["uids"])
+            stateful = info.get("stateful_uids")
+            stateful = list(stateful) if stateful is not None else None
             if vertex.is_source:
                 uids.append(vertex.source_uid)
+                if stateful is not None:
+                    stateful.append(vertex.source_uid)
                 source_splits.setdefault(vertex.source_uid, []).extend(info["source_splits"] or [])
             subtasks[key] = SubtaskStateMeta(
                 path=info["path"],
@@ -467,6 +625,7 @@ class CheckpointCoordinator:
                 vertex=vertex.name,
                 channel_state_size=info.get("channel_state_size", 0),
                 channel_state_batches=info.get("channel_state_batches", 0),
+                stateful_uids=tuple(stateful) if stateful is not None else None,
             )
         return CheckpointMetadata(
             checkpoint_id=pending.checkpoint_id,
@@ -503,6 +662,7 @@ class CheckpointCoordinator:
                 "checkpoint_id": pending.checkpoint_id,
                 "status": status,
                 "final": pending.final,
+                "savepoint": None,
                 "attempt": self.attempt,
                 "trigger_time": pending.trigger_time,
                 "duration_s": end - pending.trigger_time,

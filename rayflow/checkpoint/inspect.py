@@ -17,6 +17,7 @@ from typing import Any
 import pyarrow.fs as pafs
 
 from rayflow.checkpoint.metadata import CheckpointMetadata
+from rayflow.checkpoint.savepoint import is_savepoint, load_savepoint
 from rayflow.checkpoint.storage import (
     CheckpointStorage,
     JobStorage,
@@ -28,6 +29,7 @@ from rayflow.eventtime.valve import EVENT_TIME_KEY
 __all__ = [
     "CheckpointSummary",
     "summarize",
+    "summarize_metadata",
     "describe",
     "operator_names",
     "storage_options_from_environment",
@@ -68,12 +70,22 @@ def summarize(
 ) -> CheckpointSummary:
     """A checkpoint's figures; ``operator_sizes`` is keyed by operator name (its uid when
     the name is unknown)."""
-    meta = storage.load_metadata(checkpoint_id)
+    return summarize_metadata(storage.load_metadata(checkpoint_id), storage, per_operator)
+
+
+def summarize_metadata(
+    meta: CheckpointMetadata, storage: CheckpointStorage, per_operator: bool = True
+) -> CheckpointSummary:
+    """The figures of a checkpoint's (or a savepoint's) metadata, its blobs read through
+    ``storage``."""
+    from rayflow.runtime.channel_state import decode_snapshot
+
+    checkpoint_id = meta.checkpoint_id
     names = operator_names(meta)
     operator_sizes: dict[str, int] = {}
     if per_operator:
         for entry in meta.subtasks.values():
-            state = pickle.loads(storage.read_blob(entry.path))
+            state, _ = decode_snapshot(storage.read_blob(entry.path), entry.path, names)
             for uid, value in state.items():
                 if uid == EVENT_TIME_KEY:
                     continue  # the subtask's watermark, not an operator's state
@@ -153,6 +165,8 @@ def describe(path: str, options: dict[str, Any] | None = None) -> str:
     run in it), a run directory, one ``chk-<n>``, or a storage root (its jobs). Raises
     ``FileNotFoundError`` saying what is missing."""
     base = path.rstrip("/").rpartition("/")[2]
+    if not base.startswith(("chk-", "run-")) and is_savepoint(path, options):
+        return _describe_savepoint(path, options)
     if not base.startswith(("chk-", "run-")):
         kind, jobs = _kind_of(path, options)
         if kind == "missing":
@@ -197,11 +211,23 @@ def _describe_root(path: str, jobs: list[str], options: dict[str, Any] | None) -
     return "\n".join(lines)
 
 
+def _describe_savepoint(path: str, options: dict[str, Any] | None) -> str:
+    meta = load_savepoint(path, options)
+    lines = [
+        f"savepoint of job {meta.job_name!r} run {meta.run_id} (its checkpoint "
+        f"{meta.checkpoint_id}) in {path.rstrip('/')}"
+    ]
+    return "\n".join(lines + _table([summarize_metadata(meta, meta.blob_storage)]))
+
+
 def _describe_run(storage: CheckpointStorage, ids: list[int]) -> list[str]:
     run = f" run {storage.run_id}" if storage.run_id else ""
     lines = [f"checkpoints of job {storage.job_name!r}{run} in {storage.location()}"]
-    lines.append(f"{'id':>6}  {'completed (UTC)':<19}  {'size':>10}  {'subtasks':>8}  final")
-    summaries = [summarize(storage, cid) for cid in ids]
+    return lines + _table([summarize(storage, cid) for cid in ids])
+
+
+def _table(summaries: list[CheckpointSummary]) -> list[str]:
+    lines = [f"{'id':>6}  {'completed (UTC)':<19}  {'size':>10}  {'subtasks':>8}  final"]
     for s in summaries:
         when = dt.datetime.fromtimestamp(s.completed_at, dt.timezone.utc).strftime(
             "%Y-%m-%d %H:%M:%S"

@@ -24,8 +24,9 @@ __all__ = [
     "UnsupportedMetadataVersion",
 ]
 
-#: Version 1 had no version field, no run id and blobs without the attempt in their name.
-FORMAT_VERSION = 2
+#: Version 1 had no version field, no run id and blobs without the attempt in their name;
+#: version 2 no savepoints (blob paths relative to the savepoint) and no stateful uids.
+FORMAT_VERSION = 3
 
 SubtaskKey = tuple[int, int]
 
@@ -47,6 +48,12 @@ class SubtaskStateMeta:
     channel_state_size: int = 0
     #: record batches of in-flight data (a batch may have 0 bytes: null columns)
     channel_state_batches: int = 0
+    #: the uids whose operators had state (None: not recorded, count every uid)
+    stateful_uids: tuple[str, ...] | None = None
+
+    @property
+    def uids_with_state(self) -> tuple[str, ...]:
+        return self.uids if self.stateful_uids is None else self.stateful_uids
 
 
 @dataclass(frozen=True)
@@ -63,6 +70,11 @@ class CheckpointMetadata:
     format_version: int = FORMAT_VERSION
     #: operator uid -> the operator's name (for people; absent in older checkpoints)
     operator_names: dict[str, str] = field(default_factory=dict)
+    #: a savepoint: self-contained, its blob paths relative to its own directory
+    savepoint: bool = False
+    #: where the blobs are read from when not from the restoring run's storage (a
+    #: savepoint's directory); set when loaded, never written
+    blob_storage: Any = field(default=None, compare=False, repr=False)
 
     @property
     def size(self) -> int:
@@ -91,11 +103,15 @@ class CheckpointMetadata:
                     "vertex": s.vertex,
                     "channel_state_size": s.channel_state_size,
                     "channel_state_batches": s.channel_state_batches,
+                    "stateful_uids": (
+                        list(s.stateful_uids) if s.stateful_uids is not None else None
+                    ),
                 }
                 for key, s in self.subtasks.items()
             },
             "source_splits": self.source_splits,
             "operator_names": self.operator_names,
+            "savepoint": self.savepoint,
         }
 
     @classmethod
@@ -103,7 +119,7 @@ class CheckpointMetadata:
         if not isinstance(raw, dict):
             raise UnsupportedMetadataVersion(f"{where}: metadata is not a rayflow checkpoint")
         version = raw.get("format_version", 1)
-        if version not in (1, FORMAT_VERSION):
+        if version not in range(1, FORMAT_VERSION + 1):
             raise UnsupportedMetadataVersion(
                 f"{where}: metadata format version {version} is not supported by this rayflow "
                 f"(it reads versions 1..{FORMAT_VERSION}); restore it with the rayflow that "
@@ -127,12 +143,18 @@ class CheckpointMetadata:
                         vertex=e.get("vertex", ""),
                         channel_state_size=int(e.get("channel_state_size", 0)),
                         channel_state_batches=int(e.get("channel_state_batches", 0)),
+                        stateful_uids=(
+                            tuple(e["stateful_uids"])
+                            if e.get("stateful_uids") is not None
+                            else None
+                        ),
                     )
                     for key, e in raw.get("subtasks", {}).items()
                 },
                 source_splits=dict(raw.get("source_splits", {})),
                 format_version=FORMAT_VERSION,
                 operator_names=dict(raw.get("operator_names") or {}),
+                savepoint=bool(raw.get("savepoint", False)),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise UnsupportedMetadataVersion(

@@ -37,9 +37,9 @@ The states, one class each; every transition returns the next state:
   never block; the snapshot is taken when the last channel delivered barrier n.
 
 The final checkpoint (after end of input) is always aligned: a subtask finishes when
-it completes, so nothing may still be in flight. Common to all: a barrier older than
-the current checkpoint is dropped; a newer one abandons the current checkpoint (its
-alignment or its channel state) and starts the newer one.
+it completes, so nothing may still be in flight; so is a savepoint. Common to all: a
+barrier older than the current checkpoint is dropped; a newer one abandons the current
+checkpoint (its alignment or its channel state) and starts the newer one.
 """
 
 from __future__ import annotations
@@ -257,9 +257,10 @@ class BarrierHandler:
         checkpoint = self._checkpoint_for(barrier)
         if checkpoint is None or channel in checkpoint.received:
             return None
-        if barrier.final and not checkpoint.received and checkpoint.recorder is None:
+        if barrier.must_align and not checkpoint.received and checkpoint.recorder is None:
             # The final checkpoint is always aligned: everything before it (end of
-            # input included) must be processed before the job may finish.
+            # input included) must be processed before the job may finish. So is a
+            # savepoint: its state restores into other job graphs.
             self.state = WaitingForFirstBarrier()
         checkpoint.received.add(channel)
         checkpoint.positions.setdefault(channel, seq)

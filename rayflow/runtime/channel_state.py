@@ -25,11 +25,12 @@ those of earlier versions read as before).
 from __future__ import annotations
 
 import pickle
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import pyarrow as pa
 
+from rayflow.checkpoint.state_format import decode_operator_states
 from rayflow.runtime.events import Watermark, WatermarkStatus, unbundled
 
 __all__ = [
@@ -141,12 +142,15 @@ def encode_snapshot(operator_blob: bytes, channel_state: ChannelState) -> bytes:
     return _MAGIC + pickle.dumps((operator_blob, channel_state), protocol=pickle.HIGHEST_PROTOCOL)
 
 
-def decode_snapshot(blob: bytes) -> tuple[dict[str, Any], ChannelState]:
-    """The operators' states (by operator uid) and the channel state of a blob."""
+def decode_snapshot(
+    blob: bytes, where: str = "state", names: Mapping[str, str] | None = None
+) -> tuple[Mapping[str, Any], ChannelState]:
+    """The operators' states (by operator uid) and the channel state of a blob (operator
+    states in any known format: :mod:`rayflow.checkpoint.state_format`)."""
     if blob.startswith(_MAGIC):
         operator_blob, channel_state = pickle.loads(blob[len(_MAGIC) :])
-        return pickle.loads(operator_blob), channel_state
-    return pickle.loads(blob), {}
+        return decode_operator_states(operator_blob, where, names), channel_state
+    return decode_operator_states(blob, where, names), {}
 
 
 def channel_state_size(channel_state: ChannelState) -> int:

@@ -14,11 +14,22 @@ class EndOfInput:
 
 @dataclass(frozen=True)
 class CheckpointBarrier:
-    """Everything before it on the channel belongs to checkpoint ``checkpoint_id``."""
+    """Everything before it on the channel belongs to checkpoint ``checkpoint_id``.
+
+    ``final``: every subtask finishes once this checkpoint completes (the job's input
+    ended, or it is stopped with a savepoint; sources read nothing after it).
+    ``savepoint``: the checkpoint is also written out as a savepoint."""
 
     checkpoint_id: int
     timestamp: float
     final: bool = False
+    savepoint: bool = False
+
+    @property
+    def must_align(self) -> bool:
+        """Always aligned (no in-flight data in its state): final checkpoints, and
+        savepoints, which must restore into another job graph."""
+        return self.final or self.savepoint
 
 
 @dataclass(frozen=True, slots=True)

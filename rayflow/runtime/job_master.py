@@ -226,6 +226,9 @@ class JobMaster:
         self.latest: CompletedCheckpoint | None = None
         self.ids: CheckpointIdCounter | None = None
         self.restored_from: int | None = None
+        #: a stop-with-savepoint completed (its checkpoint id): an attempt after it reads
+        #: no input, takes a final checkpoint and finishes
+        self._stopped_at: int | None = self.supervisor.state.stopped_at
         self._looked_up_storage = False
         self._cancelled = asyncio.Event()
         if settings.cancel_requested:
@@ -327,6 +330,24 @@ class JobMaster:
 
     async def cancel(self) -> None:
         self._cancelled.set()
+
+    async def trigger_savepoint(self, target: str, stop: bool = False) -> str:
+        """Take a savepoint under ``target`` (with ``stop``: and stop the job at it, Flink's
+        stop-with-savepoint); returns the savepoint's directory. Raises
+        :class:`~rayflow.checkpoint.savepoint.SavepointError` when it fails (the job then
+        goes on, unless it was stopping and the savepoint's checkpoint had completed)."""
+        from rayflow.checkpoint.savepoint import SavepointError
+
+        if not self.settings.checkpointing:
+            raise SavepointError(
+                f"job {self.settings.job_name!r} has no checkpointing: a savepoint is a "
+                "checkpoint (env.enable_checkpointing(...))"
+            )
+        while self.coordinator is None:  # deploying, or between attempts
+            if self._ended.is_set() or self._cancelled.is_set():
+                raise SavepointError(f"job {self.settings.job_name!r} is not running")
+            await asyncio.sleep(0.05)
+        return await self.coordinator.trigger_savepoint(target, stop)
 
     # --- calls from subtasks ------------------------------------------------------------
 
@@ -711,8 +732,13 @@ class JobMaster:
                 restore,
                 run_id=settings.run_id,
                 failures=self.checkpoint_failures,
+                on_stopped=self._on_stopped,
             )
             self.coordinator.start()
+            if self._stopped_at is not None:
+                # stopped with a savepoint, then failed before every subtask finished:
+                # the sources read nothing; finish at a final checkpoint
+                self.coordinator.request_final()
         self._run_refs = {key: actor.run.remote() for key, actor in self.actors.items()}
         if not settings.checkpointing:
             self.supervisor.attempt_running()  # nothing to restore: running once deployed
@@ -768,6 +794,13 @@ class JobMaster:
         for (vertex_id, _), value in sorted(results.items()):
             outputs.setdefault(vertex_id, []).append(value)
         return outputs
+
+    async def _on_stopped(self, checkpoint_id: int) -> None:
+        """A stop-with-savepoint completed: recorded in the run's state before any subtask
+        hears of it, so a job master that takes over stops the job too."""
+        self._stopped_at = checkpoint_id
+        self.supervisor.state.stopped_at = checkpoint_id
+        await self._persist_quietly()
 
     async def _unless_cancelled(self, work: Any) -> Any:
         """``await work``, unless the job is cancelled first (then JobCancelledError)."""
@@ -853,6 +886,8 @@ class JobMaster:
             await coordinator.shutdown()
             if coordinator.latest is not None:
                 self.latest = coordinator.latest
+            if coordinator.stopped_at is not None:
+                self._stopped_at = coordinator.stopped_at
         if reuse:
             await self._keep_output_of(self.actors.values())  # a finished attempt returned it
         actors, refs = self.actors, self._run_refs
@@ -928,6 +963,7 @@ class JobMaster:
                     deployment = self.deployer.deployment(
                         vertex, index, attempt, restore, outputs, master=self._me()
                     )
+                    deployment.sources_stopped = self._stopped_at is not None
                     spare = self._spare.pop(key, None)
                     if spare is not None:
                         actors[key] = spare

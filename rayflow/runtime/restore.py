@@ -26,6 +26,8 @@ class StateHandle:
     old_parallelism: int
     path: str
     ref: Any = None  # ObjectRef owned by the job master, while it lives
+    #: the storage ``path`` is read from (a savepoint's); None: the run's own
+    storage: Any = None
 
 
 def assign_source_splits(
@@ -98,6 +100,7 @@ def state_handles(
             old_parallelism=entry.parallelism,
             path=entry.path,
             ref=refs.get(key),
+            storage=restore.blob_storage,
         )
         for key, entry in sorted(restore.subtasks.items())
         if uids & set(entry.uids)

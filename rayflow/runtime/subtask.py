@@ -29,7 +29,6 @@ once the final checkpoint (taken after all input ended) is complete.
 from __future__ import annotations
 
 import asyncio
-import pickle
 import threading
 import time
 import traceback
@@ -39,6 +38,7 @@ from typing import Any
 import pyarrow as pa
 import ray
 
+from rayflow.checkpoint.state_format import encode_operator_states
 from rayflow.checkpoint.storage import CheckpointStorage
 from rayflow.config import CheckpointAlignment, CheckpointingMode
 from rayflow.errors import OperatorError
@@ -141,6 +141,9 @@ class SubtaskDeployment:
     channel_bytes: int = DEFAULT_CHANNEL_BYTES
     #: the job's failure classifier (``rayflow.recoverability``), None: the default rules
     failure_classifier: Any = None
+    #: the job was stopped with a savepoint: a source reads nothing (it only waits for the
+    #: final checkpoint)
+    sources_stopped: bool = False
 
 
 @dataclass(frozen=True)
@@ -148,6 +151,7 @@ class _Trigger:
     checkpoint_id: int
     timestamp: float
     final: bool
+    savepoint: bool = False
 
 
 @dataclass(frozen=True)
@@ -350,6 +354,11 @@ class SubtaskActor:
         # what user functions print goes to the driver, prefixed (rayflow.runtime.output)
         self._output = capture_stdout(self._output_prefix)
         self._final_checkpoint: int | None = None
+        #: a final barrier left this source: it reads nothing more (unless it is aborted)
+        self._source_stopped = deployment.sources_stopped
+        #: the newest checkpoint this subtask heard was aborted: a later trigger of it or
+        #: of an older one is stale
+        self._aborted_up_to = 0
         self._final_completed = False
         self._finished = False
         self._opened = False
@@ -424,11 +433,18 @@ class SubtaskActor:
 
     @ray.method(concurrency_group=CONTROL_GROUP)
     async def trigger_checkpoint(
-        self, attempt: int, checkpoint_id: int, timestamp: float, final: bool
+        self,
+        attempt: int,
+        checkpoint_id: int,
+        timestamp: float,
+        final: bool,
+        savepoint: bool = False,
     ) -> None:
+        """``final`` with sources still reading: stop with a savepoint (the sources read
+        nothing after its barrier; every subtask finishes once it completes)."""
         if attempt == self.attempt:
             await self._on_mailbox_loop(
-                self.gate.put_control(_Trigger(checkpoint_id, timestamp, final))
+                self.gate.put_control(_Trigger(checkpoint_id, timestamp, final, savepoint))
             )
 
     @ray.method(concurrency_group=CONTROL_GROUP)
@@ -740,8 +756,10 @@ class SubtaskActor:
                 except Exception:  # noqa: BLE001 - owner gone: fall back to the durable tier
                     blob = None
             if blob is None:
-                blob = await self._in_thread(self.d.storage.read_blob, handle.path)
-            states, channel_state = decode_snapshot(blob)
+                storage = handle.storage or self.d.storage
+                blob = await self._in_thread(storage.read_blob, handle.path)
+            names = {spec.uid: spec.name for spec in self.d.vertex.operators}
+            states, channel_state = decode_snapshot(blob, handle.path, names)
             snapshots.append((handle, states))
             if channel_state and handle.old_parallelism != self.parallelism:
                 raise RuntimeError(
@@ -885,7 +903,7 @@ class SubtaskActor:
         try:
             while not self._finished:
                 item = self.gate.poll_control()
-                if item is None and exhausted:
+                if item is None and (exhausted or self._source_stopped):
                     _, item = await self.gate.next()
                 if item is not None:
                     await self._on_control(item)
@@ -1031,8 +1049,10 @@ class SubtaskActor:
         elif isinstance(item, _AlignmentTimer):
             await self._take(self.barriers.on_timer(item.checkpoint_id))
         elif isinstance(item, _Trigger):
+            if item.checkpoint_id <= self._aborted_up_to:
+                return  # aborted before its trigger got here: stale (ids only grow)
             await self._checkpoint(
-                CheckpointBarrier(item.checkpoint_id, item.timestamp, item.final)
+                CheckpointBarrier(item.checkpoint_id, item.timestamp, item.final, item.savepoint)
             )
         elif isinstance(item, _Complete):
             for old in [c for c in self._blobs if c < item.checkpoint_id]:
@@ -1055,6 +1075,12 @@ class SubtaskActor:
                     await self._process(batch, item.position + 1)
                 self._maybe_finish()
         elif isinstance(item, _Abort):
+            self._aborted_up_to = max(self._aborted_up_to, item.checkpoint_id)
+            if self._final_checkpoint == item.checkpoint_id:
+                # A stop with a savepoint failed: the job goes on (sources read again; a
+                # final checkpoint after end of input is triggered again).
+                self._final_checkpoint = None
+                self._source_stopped = self.d.sources_stopped
             await self.barriers.abort(item.checkpoint_id)
             self._drop_unaligned(item.checkpoint_id)
             for op in self.operators:
@@ -1136,13 +1162,14 @@ class SubtaskActor:
         splits = self._source_reader.snapshot_state(cid) if self._source_reader else None
         if splits is not None and self._source_watermarks is not None:
             splits = self._source_watermarks.snapshot(splits)
-        blob = pickle.dumps(snapshot, protocol=pickle.HIGHEST_PROTOCOL)
+        blob = encode_operator_states(snapshot)
         sync_s = time.time() - started
         if barrier.final:
             self._final_checkpoint = cid
+            self._source_stopped = True  # a source reads nothing after a final barrier
         if self.hooks is not None:
             self.hooks.at(HookPoint.AFTER_SNAPSHOT)
-        if self._announces and not barrier.final:
+        if self._announces and not barrier.must_align:
             for writer in self.writers:
                 writer.announce(barrier)
         # The barrier also goes in band, also when announced: an announcement may come
@@ -1159,6 +1186,7 @@ class SubtaskActor:
             "sync_s": sync_s,
             "size": len(blob),
             "uids": uids,
+            "stateful_uids": [uid for uid in uids if snapshot[uid] is not None],
             "source_splits": splits,
             "unaligned": recorder is not None,
             "channel_state_size": 0,

@@ -57,6 +57,9 @@ class SupervisorState:
     history: FailureHistory = field(default_factory=FailureHistory)
     #: why the run failed without restarting (no restart can fix its failure)
     non_recoverable: str | None = None
+    #: the checkpoint id of a completed stop-with-savepoint: every later attempt, of any
+    #: job master, reads no input and finishes at a final checkpoint
+    stopped_at: int | None = None
 
 
 class RestartSupervisor:

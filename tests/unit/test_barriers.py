@@ -393,11 +393,14 @@ def test_unaligned_abort_of_a_complete_checkpoint_does_not_call_on_abandon():
     run(scenario())
 
 
-def test_unaligned_handler_takes_the_final_checkpoint_aligned():
+@pytest.mark.parametrize("savepoint", [False, True])
+def test_unaligned_handler_takes_the_final_checkpoint_aligned(savepoint):
+    """Also a savepoint (not final): its state restores into other job graphs."""
+
     async def scenario():
         s = Subtask(2)
         h = s.unaligned()
-        final = barrier(3, final=True)
+        final = CheckpointBarrier(3, 0.0, final=not savepoint, savepoint=savepoint)
         await s.push(0, 0, final)
         await s.push(0, 1, batch("after-final"))
         await s.push(1, 0, batch("b0"))
@@ -569,11 +572,12 @@ def test_alternating_single_channel_aligns_even_when_late():
     run(scenario())
 
 
-def test_alternating_takes_the_final_checkpoint_aligned_even_when_late():
+@pytest.mark.parametrize("savepoint", [False, True])
+def test_alternating_takes_the_final_checkpoint_aligned_even_when_late(savepoint):
     async def scenario():
         s = Subtask(2)
         h = s.alternating(1.0)
-        final = barrier(2, ts=time.time() - 10, final=True)
+        final = CheckpointBarrier(2, time.time() - 10, final=not savepoint, savepoint=savepoint)
         await s.push(0, 0, final)
         await s.push(0, 1, batch("after"))
         await s.take()

@@ -456,7 +456,7 @@ def test_metadata_round_trip():
     meta = _metadata()
     loaded = CheckpointMetadata.from_bytes(meta.to_bytes())
     assert loaded == meta
-    assert loaded.format_version == FORMAT_VERSION == 2
+    assert loaded.format_version == FORMAT_VERSION == 3
     assert loaded.size == 42
     assert loaded.subtasks[(1, 1)].uids == ("map", "sink")
     assert pickle.loads(meta.to_bytes())["format_version"] == FORMAT_VERSION

@@ -1,0 +1,319 @@
+"""Savepoints on a real Ray with real files: a job on an unbounded source is stopped with
+a savepoint, its code changed (an operator added, uids kept), resumed from the moved
+savepoint and stopped again: every generated record reaches the exactly-once file sink
+once, and keyed state carries across. Also: a savepoint of a running job, state that no
+operator takes, and a failed savepoint that leaves the job and its checkpoint ids alone."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+
+from rayflow import StreamExecutionEnvironment
+from rayflow.checkpoint.metadata import CheckpointMetadata
+from rayflow.checkpoint.state_mapping import MissingUidWarning
+from rayflow.cli import main as cli_main
+from rayflow.datagen import DataGeneratorSource
+from rayflow.errors import SavepointError
+from rayflow.status import JobState
+from rayflow.testing import Fault, FaultPlan, FaultPoint, inject_faults, wait_for_checkpoints
+from sinks.files import FileSink
+
+P = 2
+KEYS = 7
+
+
+def with_key(batch: pa.RecordBatch) -> pa.RecordBatch:
+    return batch.append_column("key", pc.remainder(batch.column("value"), KEYS))
+
+
+def tagged(batch: pa.RecordBatch) -> pa.RecordBatch:
+    return batch.append_column("tag", pa.array(np.full(batch.num_rows, 2, dtype=np.int64)))
+
+
+def build(tmp_path, version: int, rate: float = 4000):
+    env = StreamExecutionEnvironment.get_execution_environment().set_parallelism(P)
+    env.enable_checkpointing(200)
+    env.get_checkpoint_config().set_checkpoint_storage(str(tmp_path / "chk"))
+    keyed = (
+        env.from_source(DataGeneratorSource(records_per_second=rate, batch_size=100), "gen")
+        .uid("gen")
+        .map_batches(with_key, name="with-key")
+        .uid("with-key")
+    )
+    raw = keyed
+    if version == 2:  # the code change: one operator added before the raw sink
+        raw = keyed.map_batches(tagged, name="tag").uid("tag")
+    raw.sink_to(FileSink(str(tmp_path / "raw"), "parquet"), name="raw").uid("raw")
+    (
+        keyed.key_by("key")
+        .sum("value")
+        .uid("sum")
+        .sink_to(FileSink(str(tmp_path / "sums"), "parquet"), name="sums")
+        .uid("sums")
+    )
+    return env
+
+
+def committed(directory) -> pa.Table:
+    names = sorted(n for n in os.listdir(directory) if not n.startswith("."))
+    return pa.concat_tables(
+        [pq.read_table(os.path.join(directory, n)) for n in names], promote_options="default"
+    )
+
+
+def wait_for_records(tmp_path, at_least: int, timeout_s: float = 60) -> None:
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        if os.path.isdir(tmp_path / "raw") and any(
+            not n.startswith(".") for n in os.listdir(tmp_path / "raw")
+        ):
+            if committed(tmp_path / "raw").num_rows >= at_least:
+                return
+        time.sleep(0.1)
+    raise AssertionError(f"fewer than {at_least} records committed in {timeout_s} s")
+
+
+def check_exactly_once(tmp_path) -> np.ndarray:
+    """Every generated index once: each split (index mod P) made a prefix of its indices."""
+    values = np.sort(committed(tmp_path / "raw").column("value").to_numpy())
+    assert len(np.unique(values)) == len(values), "a record was written twice"
+    for split in range(P):
+        mine = values[values % P == split]
+        assert np.array_equal(mine, np.arange(split, split + P * len(mine), P)), (
+            f"split {split}: a record is missing"
+        )
+    return values
+
+
+def test_stop_change_code_resume_from_a_moved_savepoint_exactly_once(tmp_path):
+    job = f"savepoint-{time.time_ns()}"
+    client = build(tmp_path, 1).execute_async(job)
+    wait_for_records(tmp_path, 500)
+    first = client.stop_with_savepoint(str(tmp_path / "savepoints"))
+    assert client.get_job_status() is JobState.FINISHED
+    assert os.path.exists(os.path.join(first, "_metadata"))
+    stopped = check_exactly_once(tmp_path)
+    assert not os.listdir(tmp_path / "raw") or all(
+        not n.startswith(".") for n in os.listdir(tmp_path / "raw")
+    ), "a transaction was left open at the stop"
+
+    # moved: no reference into the first run's checkpoint directory
+    moved = str(tmp_path / "moved" / "sp")
+    shutil.copytree(first, moved)
+    shutil.rmtree(first)
+    shutil.rmtree(tmp_path / "chk")
+    meta = CheckpointMetadata.from_bytes(open(os.path.join(moved, "_metadata"), "rb").read())
+    assert meta.savepoint and all("/" not in e.path for e in meta.subtasks.values())
+
+    client2 = build(tmp_path, 2).execute_async(job, restore_from=moved)
+    assert client2.run_id != client.run_id
+    wait_for_records(tmp_path, len(stopped) + 500)
+    client2.stop_with_savepoint(str(tmp_path / "savepoints"))
+    result = client2.wait()
+    assert result.restored_from == meta.checkpoint_id
+    # checkpoint ids of the new run start above the savepoint's
+    assert min(c["checkpoint_id"] for c in result.checkpoints) > meta.checkpoint_id
+
+    values = check_exactly_once(tmp_path)
+    assert len(values) > len(stopped)
+    table = committed(tmp_path / "raw")
+    tags = table.column("tag").to_pylist()
+    assert tags.count(None) == len(stopped)  # written before the change: no tag column
+    assert tags.count(2) == len(values) - len(stopped)
+    # keyed state carried across the stop: the last running sum of every key is the sum
+    # of every value of that key
+    sums = committed(tmp_path / "sums")
+    for key in range(KEYS):
+        mine = values[values % KEYS == key]
+        got = pc.max(sums.filter(pc.equal(sums.column("key"), key)).column("value")).as_py()
+        assert got == int(mine.sum())
+
+
+def test_savepoint_of_a_running_job_restores_and_warns_about_missing_uids(tmp_path):
+    job = f"running-{time.time_ns()}"
+    client = build(tmp_path, 1).execute_async(job)
+    assert wait_for_checkpoints(client, 1, timeout_s=60) >= 1
+    path = client.trigger_savepoint(str(tmp_path / "sp"))
+    assert client.get_job_status() is JobState.RUNNING
+    assert os.path.exists(os.path.join(path, "_metadata"))
+    marked = [c for c in client.checkpoints() if c.get("savepoint") == path]
+    assert marked and marked[0]["status"] == "COMPLETED"
+    # the run's checkpoints go on after it, with higher ids
+    count = len(client.checkpoints())
+    deadline = time.time() + 30
+    while len(client.checkpoints()) == count and time.time() < deadline:
+        time.sleep(0.05)
+    assert client.checkpoints()[-1]["checkpoint_id"] > marked[0]["checkpoint_id"]
+    client.cancel()
+
+    # a job whose sum has another uid: its state is refused unless dropped
+    env = build(tmp_path, 1)
+    sum_transformation = next(t for t in env._plan.transformations.values() if t.uid == "sum")
+    sum_transformation.uid = "sum-v2"
+    with pytest.raises(ValueError, match="does not have.*'sum'.*allow_non_restored_state"):
+        env.execute_async(job, restore_from=path)
+    # dropped on request: the job restores everything else and runs
+    client = env.execute_async(job, restore_from=path, allow_non_restored_state=True)
+    assert wait_for_checkpoints(client, 1, timeout_s=60) >= 1
+    assert client.cancel()
+
+    # a stateless operator without a uid: a warning naming it, and the job restores
+    env = build(tmp_path, 1)
+    for t in env._plan.transformations.values():
+        if t.uid == "with-key":
+            t.uid = None
+    with pytest.warns(MissingUidWarning, match="with-key"):
+        client = env.execute_async(job, restore_from=path)
+    assert wait_for_checkpoints(client, 1, timeout_s=60) >= 1
+    assert client.cancel()
+
+
+def test_a_failed_savepoint_leaves_the_job_running_and_ids_increasing(tmp_path, capsys):
+    job = f"failing-{time.time_ns()}"
+    client = build(tmp_path, 1).execute_async(job)
+    assert wait_for_checkpoints(client, 1, timeout_s=60) >= 1
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("a file where the savepoint directory would go")
+    with pytest.raises(SavepointError, match="could not be written"):
+        client.trigger_savepoint(str(blocker))
+    assert client.get_job_status() is JobState.RUNNING
+    # from the command line, by job id (as another process would)
+    assert cli_main(["savepoint", client.job_id, str(tmp_path / "sp")]) == 0
+    path = capsys.readouterr().out.strip()
+    assert os.path.exists(os.path.join(path, "_metadata"))
+    ids = [c["checkpoint_id"] for c in client.checkpoints()]
+    assert ids == sorted(ids) and len(set(ids)) == len(ids)
+    assert cli_main(["savepoint", "--stop", client.job_id, str(tmp_path / "sp")]) == 0
+    client.wait(60)
+    assert client.get_job_status() is JobState.FINISHED
+    check_exactly_once(tmp_path)
+    assert cli_main(["savepoint", client.job_id, str(tmp_path / "sp")]) == 2
+    assert "no running job" in capsys.readouterr().err
+
+
+def test_a_stop_with_savepoint_that_fails_lets_the_job_go_on(tmp_path):
+    """The sources stop at the savepoint's barrier; the savepoint times out (a subtask
+    stalls after its snapshot): the sources read again, the next checkpoint does not
+    finish the job, and a second stop is exactly once."""
+    env = build(tmp_path, 1)
+    env.enable_checkpointing(600_000)  # only savepoints take checkpoints
+    env.get_checkpoint_config().set_checkpoint_timeout(1000)
+    inject_faults(
+        env,
+        FaultPlan([Fault(FaultPoint.AFTER_SNAPSHOT, vertex="Sum", action="sleep", seconds=2.5)]),
+    )
+    client = env.execute_async(f"stop-fails-{time.time_ns()}")
+
+    def generated() -> int:
+        return sum(m["records_out"] for m in client.metrics() if m["vertex"].startswith("gen"))
+
+    deadline = time.time() + 60
+    while generated() < 200 and time.time() < deadline:
+        time.sleep(0.1)
+    with pytest.raises(SavepointError, match="failed.*the job goes on"):
+        client.stop_with_savepoint(str(tmp_path / "sp"))
+    assert client.get_job_status() is JobState.RUNNING
+    before = generated()
+    deadline = time.time() + 30
+    while generated() < before + 200 and time.time() < deadline:
+        time.sleep(0.1)
+    assert generated() >= before + 200, "the sources did not read again"
+    statuses = [c["status"] for c in client.checkpoints()]
+    assert statuses == ["FAILED"]
+    time.sleep(2.5)  # the stalled subtask wakes up
+    path = client.stop_with_savepoint(str(tmp_path / "sp"))
+    assert client.get_job_status() is JobState.FINISHED
+    assert os.path.exists(os.path.join(path, "_metadata"))
+    check_exactly_once(tmp_path)
+
+
+def test_a_failure_after_the_stop_savepoint_completed_still_stops_the_job(tmp_path):
+    """A sink subtask dies after the stop's savepoint completed, before it finished:
+    the restarted attempt restores the savepoint's checkpoint, reads nothing more, commits
+    what the savepoint holds and finishes at a final checkpoint."""
+    env = build(tmp_path, 1)
+    env.enable_checkpointing(600_000)  # only savepoints take checkpoints
+    # the raw sink's process dies in its first commit: the savepoint's, after it completed
+    inject_faults(env, FaultPlan([Fault(FaultPoint.SINK_DURING_COMMIT, vertex="raw")]))
+    client = env.execute_async(f"stop-then-fail-{time.time_ns()}")
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        generated = sum(m["records_out"] for m in client.metrics() if m["vertex"].startswith("gen"))
+        if generated >= 300:
+            break
+        time.sleep(0.1)
+    path = client.stop_with_savepoint(str(tmp_path / "sp"), timeout=90)
+    result = client.wait()
+    assert result.restarts == 1
+    saved = CheckpointMetadata.from_bytes(open(os.path.join(path, "_metadata"), "rb").read())
+    assert result.restored_from == saved.checkpoint_id
+    final = result.completed_checkpoints[-1]
+    assert final["final"] and final["checkpoint_id"] > saved.checkpoint_id
+    values = check_exactly_once(tmp_path)
+    # nothing was read after the savepoint: its source positions are where the output ends
+    made = sum(s.made for splits in saved.source_splits.values() for s in splits)
+    assert len(values) == made
+
+
+def test_a_job_master_lost_after_the_stop_savepoint_completed_still_stops_the_job(tmp_path):
+    """The job master dies after the stop's savepoint completed (recorded in the run's
+    state) and before any subtask heard of it: the job master that takes over stops the
+    job too, instead of reading on."""
+    env = build(tmp_path, 1)
+    env.enable_checkpointing(600_000)  # only savepoints take checkpoints
+    inject_faults(env, FaultPlan([Fault(FaultPoint.JOB_MASTER_BEFORE_NOTIFY)]))
+    client = env.execute_async(f"stop-master-lost-{time.time_ns()}")
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        generated = sum(m["records_out"] for m in client.metrics() if m["vertex"].startswith("gen"))
+        if generated >= 300:
+            break
+        time.sleep(0.1)
+    with pytest.raises(SavepointError, match="job master was lost"):
+        client.stop_with_savepoint(str(tmp_path / "sp"), timeout=90)
+    result = client.wait(90)
+    assert result.job_master_restarts == 1
+    (name,) = os.listdir(tmp_path / "sp")
+    saved = CheckpointMetadata.from_bytes(open(tmp_path / "sp" / name / "_metadata", "rb").read())
+    assert result.restored_from == saved.checkpoint_id
+    values = check_exactly_once(tmp_path)
+    made = sum(s.made for splits in saved.source_splits.values() for s in splits)
+    assert len(values) == made
+
+
+def test_a_trigger_that_arrives_after_its_abort_does_not_stop_a_source(tmp_path):
+    """A source hears of a stop savepoint's abort before its trigger (calls overtaking
+    each other): the late trigger is stale, the source reads on and the job stops later."""
+    import ray
+
+    client = build(tmp_path, 1).execute_async(f"late-trigger-{time.time_ns()}")
+    assert wait_for_checkpoints(client, 1, timeout_s=60) >= 1
+    (actor,) = [
+        a
+        for a in ray.util.list_named_actors(all_namespaces=True)
+        if a["name"].startswith(f"rayflow:{client.job_id}:v0:s0:")
+    ]
+    source = ray.get_actor(actor["name"], namespace=actor["namespace"])
+    attempt = ray.get(source.metrics.remote())["attempt"]
+    stale = client.checkpoints()[-1]["checkpoint_id"]  # the coordinator is past it
+    ray.get(source.notify_checkpoint_aborted.remote(attempt, stale))
+    ray.get(source.trigger_checkpoint.remote(attempt, stale, time.time(), True, True))
+
+    def produced() -> int:
+        return ray.get(source.metrics.remote())["records_out"]
+
+    before = produced()
+    deadline = time.time() + 30
+    while produced() < before + 200 and time.time() < deadline:
+        time.sleep(0.1)
+    assert produced() >= before + 200, "the source stopped at a stale trigger"
+    client.stop_with_savepoint(str(tmp_path / "sp"), timeout=60)
+    check_exactly_once(tmp_path)
