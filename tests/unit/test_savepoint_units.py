@@ -192,6 +192,6 @@ def test_operators_without_uid_warn_and_duplicate_uids_are_refused(tmp_path):
     env = job(None)
     with pytest.warns(MissingUidWarning, match=r"\['Sum'\]"):
         check_state_mapping(env._plan, env.get_job_graph(), meta, True, "restore")
-    env = job("out")
-    with pytest.raises(ValueError, match=r"uids \['out'\] are given to more than one"):
+    env = job("out")  # refused when the job graph is built, before any restore
+    with pytest.raises(ValueError, match=r"uid 'out' names two operators, 'Sum' and 'out'"):
         check_state_mapping(env._plan, env.get_job_graph(), meta, True, "restore")
