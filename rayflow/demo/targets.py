@@ -11,6 +11,8 @@ Each committed row is counted by its ``order_id``.
   (:mod:`rayflow.demo.s3server`), Parquet objects.
 - ``postgres``: ``sinks.postgres.PostgresSink`` into a table of the database at
   ``--dsn`` (created per run, dropped at the end).
+- ``kafka``: ``connectors.kafka.KafkaSink`` into a topic per run, counted as a
+  ``read_committed`` consumer reads it (:mod:`rayflow.demo.kafka`).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ class SinkKind(str, enum.Enum):
     S3 = "s3"
     FILES = "files"
     POSTGRES = "postgres"
+    KAFKA = "kafka"
 
     def __str__(self) -> str:
         return self.value
@@ -275,8 +278,16 @@ class PostgresTarget(Target):
             self._conn.close()
 
 
-def open_target(kind: SinkKind, workdir: Path, dsn: str | None = None) -> Target:
-    """The target for ``--sink kind`` (``workdir`` holds local output)."""
+def open_target(
+    kind: SinkKind,
+    workdir: Path,
+    dsn: str | None = None,
+    kafka: Any = None,
+    partitions: int = 2,
+) -> Target:
+    """The target for ``--sink kind`` (``workdir`` holds local output; ``kafka``, a
+    ``rayflow.demo.kafka.DemoKafka``, is the broker of ``--sink kafka``, whose topics get
+    ``partitions`` partitions)."""
     if kind is SinkKind.FILES:
         return FilesTarget(workdir / "out")
     if kind is SinkKind.S3:
@@ -290,4 +301,10 @@ def open_target(kind: SinkKind, workdir: Path, dsn: str | None = None) -> Target
         if not dsn:
             raise TargetError("--sink postgres needs --dsn (e.g. postgresql://user@host/db)")
         return PostgresTarget(dsn)
+    if kind is SinkKind.KAFKA:
+        from rayflow.demo.kafka import KafkaTarget
+
+        if kafka is None:
+            raise TargetError("--sink kafka needs a Kafka broker")
+        return KafkaTarget(kafka, partitions)
     raise TargetError(f"unknown sink {kind!r}")

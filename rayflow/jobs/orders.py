@@ -19,7 +19,10 @@ The same pipeline with one output row per order (``build_order_stream``)::
         -> reduce(add_running_total)    per record: the order with its customer's running total
 
 is what ``rayflow demo`` runs under each delivery guarantee (``rayflow.demo``): every
-order id must reach the sink's committed output exactly once.
+order id must reach the sink's committed output exactly once. With ``--source kafka``
+the orders come from a topic instead (``order_values`` fills it with the same orders,
+as JSON; ``build_kafka_order_stream`` reads them back with a ``KafkaSource``): the
+seed's Kafka -> enrich -> totals -> Kafka pipeline.
 
 Run the totals job with ``python -m rayflow.jobs.orders`` or
 ``rayflow run --example orders``.
@@ -40,7 +43,7 @@ import pyarrow as pa
 from rayflow.argtypes import checkpoint_interval_ms
 from rayflow.datastream import DataStream
 from rayflow.environment import StreamExecutionEnvironment, ensure_ray
-from rayflow.sources import NumberSequenceSource
+from rayflow.sources import NumberSequenceSource, Source
 from sinks.basic import CollectSink
 
 __all__ = [
@@ -52,8 +55,12 @@ __all__ = [
     "start_running_total",
     "add_running_total",
     "ORDER_STREAM_COLUMNS",
+    "ORDER_JSON_TYPE",
+    "order_values",
+    "orders_from_kafka",
     "build",
     "build_order_stream",
+    "build_kafka_order_stream",
     "expected_totals",
     "final_totals",
     "verify_totals",
@@ -161,16 +168,77 @@ def build_order_stream(
     source = NumberSequenceSource(
         0, orders - 1, batch_size=batch_size, records_per_second=records_per_second
     )
-    return (
+    generated = (
         env.from_source(source, "Orders")
         .uid("orders")
         .map_batches(functools.partial(generate_orders, customers=customers), "GenerateOrders")
-        .map_batches(start_running_total, "OpeningTotal")
+    )
+    return _running_totals(generated)
+
+
+def _running_totals(orders: DataStream) -> DataStream:
+    return (
+        orders.map_batches(start_running_total, "OpeningTotal")
         .map(enrich, "Enrich")
         .key_by("customer_id")
         .reduce(add_running_total, "RunningTotal")
         .uid("running-total")
     )
+
+
+#: An order as the orders topic holds it (a JSON object per record).
+ORDER_JSON_TYPE = pa.struct(
+    [
+        ("order_id", pa.int64()),
+        ("customer_id", pa.int64()),
+        ("product", pa.string()),
+        ("amount_cents", pa.int64()),
+    ]
+)
+
+
+def order_values(first: int, end: int, customers: int) -> tuple[list[bytes], list[bytes]]:
+    """``(keys, values)`` of orders ``first .. end-1`` for an orders topic: the customer id
+    as the key, the order as a JSON object (the same orders ``generate_orders`` makes)."""
+    cols = order_columns(np.arange(first, end, dtype=np.int64), customers)
+    keys, values = [], []
+    for oid, cid, product, cents in zip(
+        cols["order_id"].tolist(),
+        cols["customer_id"].tolist(),
+        cols["product"].tolist(),
+        cols["amount_cents"].tolist(),
+    ):
+        keys.append(str(cid).encode())
+        values.append(
+            f'{{"order_id":{oid},"customer_id":{cid},"product":"{PRODUCTS[product]}",'
+            f'"amount_cents":{cents}}}'.encode()
+        )
+    return keys, values
+
+
+def orders_from_kafka(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """``map_batches`` step: Kafka records whose ``value`` is an order (``ORDER_JSON_TYPE``)
+    -> a batch of orders, the columns of ``generate_orders``."""
+    value = batch.column("value")
+    if value.null_count:
+        raise ValueError(f"{value.null_count} records of the orders topic have no value")
+    return pa.RecordBatch.from_arrays(
+        [value.field(name) for name in ORDER_JSON_TYPE.names], names=ORDER_JSON_TYPE.names
+    )
+
+
+def build_kafka_order_stream(
+    env: StreamExecutionEnvironment, source: Source, parallelism: int
+) -> DataStream:
+    """``build_order_stream`` on orders read from Kafka: ``source`` is a ``KafkaSource``
+    whose values are JSON orders (``set_value_format("json", ORDER_JSON_TYPE)``)."""
+    env.set_parallelism(parallelism)
+    orders = (
+        env.from_source(source, "Orders")
+        .uid("orders")
+        .map_batches(orders_from_kafka, "ParseOrders")
+    )
+    return _running_totals(orders)
 
 
 def build(

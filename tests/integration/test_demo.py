@@ -115,3 +115,50 @@ def test_demo_into_postgres_keeps_the_password_out_of_its_output(postgres, capsy
         assert tables == (0,)  # the demo drops the tables it made
     finally:
         postgres.drop_database(db.name)
+
+
+def test_demo_kafka_to_kafka_reads_back_read_committed(kafka_broker, capsys):
+    """The seed's pipeline: an orders topic -> enrich -> totals -> a topic per run, read
+    back as a read_committed consumer sees it; the demo's topics are deleted after."""
+    before = set(kafka_broker.admin().list_topics(timeout=10).topics)
+    code = cli_main(
+        [
+            "demo",
+            "--source",
+            "kafka",
+            "--sink",
+            "kafka",
+            "--bootstrap-servers",
+            kafka_broker.bootstrap_servers,
+            "--records",
+            str(RECORDS),
+            "--failures",
+            "1",
+            "--rate",
+            "4000",
+            "--checkpoint-ms",
+            "100",
+        ]
+    )
+    out = capsys.readouterr().out
+    print(out)
+    assert "from topic rayflow-demo-orders-" in out
+    rows = table_rows(out)
+    exactly = rows["EXACTLY_ONCE"]
+    assert number(exactly["committed"]) == RECORDS
+    assert number(exactly["lost"]) == 0
+    assert number(exactly["duplicated"]) == 0
+    assert exactly["kills"] == "1 of 1"
+    assert number(rows["AT_LEAST_ONCE"]["lost"]) == 0
+    off = rows["NONE (checkpoints off)"]
+    assert off["kills"] == "1 of 1, job failed"
+    assert number(off["committed"]) + number(off["lost"]) == RECORDS
+    assert code == 0
+    after = set(kafka_broker.admin().list_topics(timeout=10).topics)
+    assert {t for t in after - before if t.startswith("rayflow-demo")} == set()
+
+
+def test_demo_kafka_options_need_kafka(capsys):
+    code = cli_main(["demo", "--sink", "files", "--bootstrap-servers", "127.0.0.1:9"])
+    assert code == 2
+    assert "need --source or --sink kafka" in capsys.readouterr().err
