@@ -65,7 +65,8 @@ def test_partitions_split_over_subtasks_each_record_once(kafka_broker):
 def test_bounded_at_job_start_and_positions_survive_kills(kafka_broker, tmp_path):
     topic = kafka_broker.create_topic(partitions=2)
     n = 40_000
-    kafka_broker.produce(topic, [str(i) for i in range(n)])
+    for partition in (0, 1):  # half each: each source subtask reaches its kill's count
+        kafka_broker.produce(topic, [str(i) for i in range(partition, n, 2)], partition=partition)
     env = StreamExecutionEnvironment.get_execution_environment().set_parallelism(2)
     env.enable_checkpointing(100)
     env.get_checkpoint_config().set_checkpoint_storage(str(tmp_path / "chk"))
