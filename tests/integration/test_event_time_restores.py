@@ -102,3 +102,71 @@ def test_an_input_that_ended_before_the_first_watermark_holds_event_time_back_no
     # timers fired on the events' watermarks while they ran, not all at the end of input
     watermarks = result.sink_result(sink).column("wm").to_pylist()
     assert min(watermarks) < MAX_WATERMARK
+
+
+class _DataOrNothing(SourceReader):
+    """Reads its splits' ``rows`` in batches of 50; a reader without splits has nothing
+    to read (empty batches, as an unbounded source with more subtasks than partitions)
+    for ``idle_s``, then ends. Watermarks per split."""
+
+    def __init__(self, splits, rows, idle_s):
+        self.splits = splits
+        self.rows = rows if splits else []
+        self.offset = 0
+        self.ends_at = time.monotonic() + idle_s
+
+    def read_batch(self):
+        if self.splits:
+            if self.offset >= len(self.rows):
+                return None
+            chunk = self.rows[self.offset : self.offset + 50]
+            self.offset += len(chunk)
+            time.sleep(0.02)
+            return pa.RecordBatch.from_pylist(chunk, schema=SCHEMA)
+        if time.monotonic() < self.ends_at:
+            return pa.RecordBatch.from_pylist([], schema=SCHEMA)
+        return None
+
+    def last_split_id(self):
+        return self.splits[0].split_id if self.splits else None
+
+    def snapshot_splits(self):
+        return list(self.splits)
+
+
+class OneSplitSource(Source):
+    def __init__(self, rows, idle_s):
+        self.rows = rows
+        self.idle_s = idle_s
+
+    def create_splits(self, parallelism):
+        return [SourceSplit("only")]
+
+    def create_reader(self, splits):
+        return _DataOrNothing(splits, self.rows, self.idle_s)
+
+
+def test_a_source_subtask_without_splits_turns_idle(ray_session):
+    # parallelism 2 over one split: subtask 2 reads nothing, and with an idle timeout it
+    # must hold event time back no longer (as a Kafka source with more subtasks than
+    # partitions)
+    rows = records(1000)
+    env = StreamExecutionEnvironment.get_execution_environment().set_parallelism(2)
+    strategy = (
+        WatermarkStrategy.for_bounded_out_of_orderness(Duration.of_millis(DISORDER))
+        .with_timestamp_assigner("t")
+        .with_idleness(Duration.of_millis(100))
+    )
+    sink = CollectSink()
+    (
+        env.from_source(OneSplitSource(rows, idle_s=4.0), strategy, "events")
+        .key_by("k")
+        .process(BucketCounts(), "buckets")
+        .set_parallelism(1)
+        .sink_to(sink, "out")
+        .set_parallelism(1)
+    )
+    result = env.execute("source-without-splits")
+    assert fired(result, sink) == expected(rows)
+    watermarks = result.sink_result(sink).column("wm").to_pylist()
+    assert min(watermarks) < MAX_WATERMARK
