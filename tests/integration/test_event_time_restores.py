@@ -121,7 +121,7 @@ class _DataOrNothing(SourceReader):
                 return None
             chunk = self.rows[self.offset : self.offset + 50]
             self.offset += len(chunk)
-            time.sleep(0.02)
+            time.sleep(0.06)  # still reading well after the other subtask started
             return pa.RecordBatch.from_pylist(chunk, schema=SCHEMA)
         if time.monotonic() < self.ends_at:
             return pa.RecordBatch.from_pylist([], schema=SCHEMA)
@@ -150,7 +150,7 @@ def test_a_source_subtask_without_splits_turns_idle(ray_session):
     # parallelism 2 over one split: subtask 2 reads nothing, and with an idle timeout it
     # must hold event time back no longer (as a Kafka source with more subtasks than
     # partitions)
-    rows = records(1000)
+    rows = records(2000)
     env = StreamExecutionEnvironment.get_execution_environment().set_parallelism(2)
     strategy = (
         WatermarkStrategy.for_bounded_out_of_orderness(Duration.of_millis(DISORDER))
@@ -159,7 +159,7 @@ def test_a_source_subtask_without_splits_turns_idle(ray_session):
     )
     sink = CollectSink()
     (
-        env.from_source(OneSplitSource(rows, idle_s=4.0), strategy, "events")
+        env.from_source(OneSplitSource(rows, idle_s=6.0), strategy, "events")
         .key_by("k")
         .process(BucketCounts(), "buckets")
         .set_parallelism(1)
