@@ -792,14 +792,29 @@ class SubtaskActor:
 
     def _restored_event_time(self, snapshots: list[tuple[StateHandle, dict]]) -> ValveState | None:
         """The event time this subtask resumes from: its own old subtask's at the same
-        parallelism, else the lowest of the old subtasks' (each had at least that)."""
-        states = [(h, s[EVENT_TIME_KEY]) for h, s in snapshots if EVENT_TIME_KEY in s]
-        if not states:
+        parallelism, else the lowest of the old subtasks' (each had at least that). An old
+        subtask whose snapshot holds no event time had no watermark yet: it stood at the
+        minimum (an unaligned checkpoint may find one subtask past its first watermarks
+        and another with its first one still in flight, as channel state, behind records
+        that must not be judged against the other's watermark)."""
+        if not any(EVENT_TIME_KEY in s for _, s in snapshots):
             return None
-        for handle, state in states:
-            if handle.old_parallelism == self.parallelism and handle.old_index == self.index:
-                return state
-        return ValveState(min(state.watermark for _, state in states))
+
+        def state_of(snapshot: Any) -> ValveState:
+            if EVENT_TIME_KEY in snapshot:
+                return snapshot[EVENT_TIME_KEY]
+            return ValveState(MIN_WATERMARK)
+
+        own = [
+            s
+            for h, s in snapshots
+            if h.old_parallelism == self.parallelism and h.old_index == self.index
+        ]
+        if own:
+            return next(
+                (s[EVENT_TIME_KEY] for s in own if EVENT_TIME_KEY in s), ValveState(MIN_WATERMARK)
+            )
+        return ValveState(min(state_of(s).watermark for _, s in snapshots))
 
     async def _resume_event_time(self, state: ValveState) -> None:
         """Restored: every input channel starts at the snapshot's watermark, and it is
