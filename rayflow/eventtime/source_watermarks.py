@@ -3,8 +3,9 @@
 Each split has its own generator: the largest timestamp it has read. The subtask's
 watermark is the minimum over its splits that are not finished and not idle, so a
 split that lags (or has not been read yet) holds event time back, as in Flink. A split
-is idle once it gave no data for the strategy's idle timeout; if every split is idle
-the subtask's output turns idle (downstream it then holds nobody back) until data comes.
+is idle once it gave no data for the strategy's idle timeout; if every split is idle (or
+the subtask has no split at all) the subtask's output turns idle (downstream it then
+holds nobody back) until data comes.
 
 The largest timestamp of each split is stored with the split in a checkpoint
 (``SourceSplit.event_time_state``), so a restored source, at any parallelism, goes on
@@ -140,7 +141,11 @@ class SourceWatermarks:
         if self.strategy.idleness_ms is None:
             return None
         now = self._clock()
-        idle = not self._holding(now) and len(self._finished) < len(self._splits)
+        # Idle: nothing holds back, and not because every split finished (then the end of
+        # input follows). A subtask without splits at all (more subtasks than an
+        # unbounded source has splits) has nothing to hold back with: idle too.
+        unfinished = not self._splits or len(self._finished) < len(self._splits)
+        idle = not self._holding(now) and unfinished
         if idle == self.idle:
             return None
         self.idle = idle

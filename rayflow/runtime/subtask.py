@@ -370,6 +370,8 @@ class SubtaskActor:
         #: the operators are at, whether watermarks flow out of this subtask, the one
         #: restored from a checkpoint, and a source's watermark generators
         self._valve: WatermarkValve | None = None
+        #: input channels that delivered end of input
+        self._ended_channels: set[int] = set()
         self._watermark = MIN_WATERMARK
         self._event_time = False
         self._restored_time: ValveState | None = None
@@ -790,20 +792,35 @@ class SubtaskActor:
 
     def _restored_event_time(self, snapshots: list[tuple[StateHandle, dict]]) -> ValveState | None:
         """The event time this subtask resumes from: its own old subtask's at the same
-        parallelism, else the lowest of the old subtasks' (each had at least that)."""
-        states = [(h, s[EVENT_TIME_KEY]) for h, s in snapshots if EVENT_TIME_KEY in s]
-        if not states:
+        parallelism, else the lowest of the old subtasks' (each had at least that). An old
+        subtask whose snapshot holds no event time had no watermark yet: it stood at the
+        minimum (an unaligned checkpoint may find one subtask past its first watermarks
+        and another with its first one still in flight, as channel state, behind records
+        that must not be judged against the other's watermark)."""
+        if not any(EVENT_TIME_KEY in s for _, s in snapshots):
             return None
-        for handle, state in states:
-            if handle.old_parallelism == self.parallelism and handle.old_index == self.index:
-                return state
-        return ValveState(min(state.watermark for _, state in states))
+
+        def state_of(snapshot: Any) -> ValveState:
+            if EVENT_TIME_KEY in snapshot:
+                return snapshot[EVENT_TIME_KEY]
+            return ValveState(MIN_WATERMARK)
+
+        own = [
+            s
+            for h, s in snapshots
+            if h.old_parallelism == self.parallelism and h.old_index == self.index
+        ]
+        if own:
+            return next(
+                (s[EVENT_TIME_KEY] for s in own if EVENT_TIME_KEY in s), ValveState(MIN_WATERMARK)
+            )
+        return ValveState(min(state_of(s).watermark for _, s in snapshots))
 
     async def _resume_event_time(self, state: ValveState) -> None:
         """Restored: every input channel starts at the snapshot's watermark, and it is
         sent on first (a restored receiver's channel from here is then exact again)."""
         self._event_time = True
-        self._valve = WatermarkValve(self.gate.num_channels, state.watermark)
+        self._valve = self._new_valve(state.watermark)
         if state.watermark > MIN_WATERMARK:
             await self._advance_watermark(state.watermark)
 
@@ -828,9 +845,17 @@ class SubtaskActor:
 
     def _input_valve(self) -> WatermarkValve:
         if self._valve is None:
-            self._valve = WatermarkValve(self.gate.num_channels)
+            self._valve = self._new_valve(MIN_WATERMARK)
             self._event_time = True
         return self._valve
+
+    def _new_valve(self, start: int) -> WatermarkValve:
+        """A valve over the input channels; a channel whose input already ended (before
+        any watermark came, e.g. an input without event time) holds nothing back."""
+        valve = WatermarkValve(self.gate.num_channels, start)
+        for channel in self._ended_channels:
+            valve.on_watermark(channel, MAX_WATERMARK)
+        return valve
 
     async def _advance_watermark(self, watermark: int, forward: bool = True) -> None:
         """Event time reached ``watermark``: each operator in turn handles it (firing
@@ -995,6 +1020,7 @@ class SubtaskActor:
                 await self._take(self.barriers.on_barrier(channel, seq, message))
             elif isinstance(message, EndOfInput):
                 open_channels -= 1
+                self._ended_channels.add(channel)
                 if self._valve is not None and open_channels:
                     # an ended channel holds event time back no more
                     await self._on_watermark(channel, MAX_WATERMARK)

@@ -5,7 +5,9 @@ and sliding windows ``(key, window start) -> accumulator`` in state ``WINDOW_STA
 assigner's size gives the end), for
 sessions ``key -> {window: accumulator}`` in ``SESSION_STATE``; each window has a timer
 (namespace: the window) at its last millisecond, when it fires, and, with allowed
-lateness, another at ``max timestamp + lateness``, when its state is dropped.
+lateness, another at ``max timestamp + lateness``, when its state is dropped. A window
+whose first record comes after the watermark passed its end (within the allowed lateness)
+gets no firing timer: it fires at once, with that record's batch.
 
 Built-in aggregations (``sum``/``count``/``min``/``max``) on tumbling and sliding windows
 keyed by one column are vectorized: a batch is grouped by (key, window start) in Arrow and
@@ -374,7 +376,12 @@ class WindowOperator(_KeyedOperator):
     def _register(self, key: Any, window: TimeWindow) -> None:
         timers = self.timers
         if self._event_time:
-            timers.register_event_time_timer(key, window, window.max_timestamp())
+            # A window whose end the watermark has passed (a record within the allowed
+            # lateness) fires at once, with the batch that made it: a timer in the past
+            # would fire it a second time at the next watermark (Flink's trigger
+            # registers none either).
+            if window.max_timestamp() > timers.watermark:
+                timers.register_event_time_timer(key, window, window.max_timestamp())
             if self._lateness:
                 timers.register_event_time_timer(key, window, self._cleanup_time(window))
         else:
