@@ -17,9 +17,10 @@ cancelled, an ended one removed); the run lock still refuses any second live run
 name, attached or detached.
 
 The host runs on the head node (when Ray marks one), so losing any other node costs the
-job a restart or a job master takeover, not its host. What is not covered: the host itself
-is not restarted (its node is lost, or it is killed); its job master and subtasks go with it,
-and the next run of the job name recovers the sinks' open transactions, as after any crash.
+job a restart or a job master takeover, not its host. What is not covered: a job whose host
+is lost (its process dies) is not resumed; its job master and subtasks go with the host, Ray
+restarts the host, which shows the job FAILED (its host lost) until it is removed, and the
+next run of the job name recovers the sinks' open transactions, as after any crash.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from typing import Any
 
 import ray
 
-from rayflow.errors import ConcurrentRunError
+from rayflow.errors import ConcurrentRunError, JobFailedError
 from rayflow.status import JobState
 
 __all__ = [
@@ -126,9 +127,16 @@ def _result_summary(result: Any) -> dict[str, Any]:
     }
 
 
-@ray.remote(num_cpus=0, max_restarts=0, max_concurrency=16)
+@ray.remote(num_cpus=0, max_restarts=-1, max_concurrency=16)
 class JobHost:
-    """Runs one detached job and keeps its outcome until it is removed."""
+    """Runs one detached job and keeps its outcome until it is removed.
+
+    Ray restarts a host whose process died (never one that was killed on purpose: those
+    go with ``no_restart``). The restarted host does not run the job again: the job's run
+    lock and job master went with the dead process (and the job master's subtasks with
+    it), so it makes sure that nothing of the job is left (actors, placement groups, run
+    lock), then shows the job FAILED, its host lost, until it is removed; the next run of
+    the job name recovers the sinks' open transactions, as after any crash."""
 
     def __init__(
         self,
@@ -154,6 +162,9 @@ class JobHost:
         self._started = threading.Event()
         self._ended = threading.Event()
         self._lock = threading.Lock()
+        if ray.get_runtime_context().was_current_actor_reconstructed:
+            self._lost()
+            return
         threading.Thread(
             target=self._run,
             args=(graph, settings, restore_from, plan, allow_non_restored_state),
@@ -200,6 +211,32 @@ class JobHost:
             self._ended_at = time.time()
         self._ended.set()
 
+    def _lost(self) -> None:
+        """This host is a restart of one whose process died: its job died with it."""
+        self._start_error = JobFailedError(
+            f"job {self.name!r} (run {self.run_id}) failed: its job host was lost (its "
+            "process died), and its job master and subtasks with it; the next run of the "
+            "job name recovers what its sinks left open"
+        )
+        self._error = _first_line(self._start_error)
+        self._state = JobState.FAILING
+        self._started.set()
+        threading.Thread(target=self._clean_up_lost, daemon=True).start()
+
+    def _clean_up_lost(self) -> None:
+        from rayflow.environment import _kill_job_actors
+        from rayflow.runtime.run_lock import release_run_lock_held_by
+
+        try:
+            _kill_job_actors(self.job_id)  # and its placement groups
+        except Exception as exc:  # noqa: BLE001 - said in the outcome
+            self._error = f"{self._error}; its actors could not all be stopped: {exc}"
+        release_run_lock_held_by(self.name, self.run_id)
+        with self._lock:
+            self._state = JobState.FAILED
+            self._ended_at = time.time()
+        self._ended.set()
+
     def _refresh(self) -> None:
         while not self._ended.wait(REFRESH_S):
             self._refresh_once()
@@ -235,7 +272,11 @@ class JobHost:
             live = self._client.snapshot(timeout=5)
             if live is not None:
                 snapshot = live
-            state = JobState(snapshot.get("state", JobState.CREATED))
+                state = JobState(snapshot.get("state", JobState.CREATED))
+            else:
+                # no answer: its job master is lost (the next one starts after the restart
+                # delay, or finishes a cancel) or busy; the last look says RUNNING, stale
+                state = self._state_unanswered(JobState(snapshot.get("state", JobState.CREATED)))
         records: dict[str, dict[str, int]] = {}
         for m in snapshot.get("metrics") or []:
             r = records.setdefault(m["vertex"], {"records_in": 0, "records_out": 0})
@@ -266,6 +307,12 @@ class JobHost:
             "result": self._summary,
         }
 
+    def _state_unanswered(self, last_seen: JobState) -> JobState:
+        try:
+            return self._client.get_job_status(timeout=5)
+        except Exception:  # noqa: BLE001 - busy: what was seen last
+            return last_seen
+
     def checkpoints(self) -> list[dict[str, Any]]:
         if not self._ended.is_set() and self._client is not None:
             try:
@@ -283,7 +330,8 @@ class JobHost:
         state it had ended in before the cancel took effect)."""
         self._started.wait()
         if not self._ended.is_set():
-            self._client.request_cancel()
+            if self._client is not None:  # None: a lost host's job, being cleaned up
+                self._client.request_cancel()
             if not self._ended.wait(timeout_s):
                 raise TimeoutError(
                     f"job {self.name!r} is still cancelling after {timeout_s:g} s; "
@@ -299,6 +347,19 @@ class JobHost:
         return self._ended.is_set()
 
 
+def _ask(method: Any, *args: Any, timeout_s: float) -> Any:
+    """``method.remote(*args)``'s answer within ``timeout_s``; a host that Ray is
+    restarting (its process died) is asked again until it answers."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return ray.get(method(*args), timeout=max(0.1, deadline - time.monotonic()))
+        except ray.exceptions.ActorUnavailableError:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.2)
+
+
 @dataclass
 class DetachedJob:
     """A handle on a detached job (from ``submit``, ``find`` or ``execute_detached``)."""
@@ -312,25 +373,25 @@ class DetachedJob:
 
     def status(self, timeout_s: float = 30.0) -> dict[str, Any]:
         """State, ids, times, restarts, failure, last checkpoint and records per operator."""
-        return ray.get(self.host.status.remote(), timeout=timeout_s)
+        return _ask(self.host.status.remote, timeout_s=timeout_s)
 
     def checkpoints(self, timeout_s: float = 30.0) -> list[dict[str, Any]]:
         """Statistics of the run's most recent checkpoints (as ``JobClient.checkpoints``)."""
-        return ray.get(self.host.checkpoints.remote(), timeout=timeout_s)
+        return _ask(self.host.checkpoints.remote, timeout_s=timeout_s)
 
     def cancel(self, timeout_s: float = 120.0) -> JobState:
         """Cancel as ``JobClient.cancel`` does (subtasks gone, open transactions aborted,
         run lock released, placement group removed); returns the state it ended in."""
-        return JobState(ray.get(self.host.cancel.remote(timeout_s), timeout=timeout_s + 30))
+        return JobState(_ask(self.host.cancel.remote, timeout_s, timeout_s=timeout_s + 30))
 
     def wait(self, timeout_s: float) -> JobState | None:
         """The state once the job ended, None while it still runs after ``timeout_s``."""
-        state = ray.get(self.host.wait.remote(timeout_s), timeout=timeout_s + 30)
+        state = _ask(self.host.wait.remote, timeout_s, timeout_s=timeout_s + 30)
         return None if state is None else JobState(state)
 
     def remove(self) -> None:
         """Forget an ended job (its name is free again); a live one is refused."""
-        if not ray.get(self.host.ended.remote(), timeout=30):
+        if not _ask(self.host.ended.remote, timeout_s=30):
             raise DetachedJobRunning(
                 f"job {self.name!r} is still running: cancel it first "
                 f"(rayflow jobs cancel {self.name})"
@@ -339,7 +400,7 @@ class DetachedJob:
 
 
 def _handle(name: str, host: Any, timeout_s: float = 30.0) -> DetachedJob:
-    status = ray.get(host.status.remote(), timeout=timeout_s)
+    status = _ask(host.status.remote, timeout_s=timeout_s)
     return DetachedJob(name, status["job_id"], status["run_id"], host)
 
 
@@ -364,7 +425,7 @@ def list_jobs(timeout_s: float = 10.0) -> list[dict[str, Any]]:
     for name in names:
         try:
             host = ray.get_actor(name, namespace=NAMESPACE)
-            rows.append(ray.get(host.status.remote(), timeout=timeout_s))
+            rows.append(_ask(host.status.remote, timeout_s=timeout_s))
         except Exception as exc:  # noqa: BLE001 - gone meanwhile, or busy
             rows.append({"name": name, "state": "UNKNOWN", "error": _first_line(exc)})
     return rows
@@ -421,7 +482,7 @@ def submit(
             pass  # the name is taken: by a host, or by a dead one whose name goes soon
         try:
             existing = ray.get_actor(name, namespace=NAMESPACE)
-            status = ray.get(existing.status.remote(), timeout=30)
+            status = _ask(existing.status.remote, timeout_s=30)
         except ValueError:
             continue  # removed meanwhile
         except ray.exceptions.RayActorError:

@@ -304,14 +304,15 @@ class JobClient:
         self._start_master()
         return True
 
-    def get_job_status(self) -> JobState:
-        """CREATED, RUNNING, RESTARTING, FINISHED, FAILED, CANCELLING or CANCELED."""
+    def get_job_status(self, timeout: float | None = None) -> JobState:
+        """CREATED, RUNNING, RESTARTING, FINISHED, FAILED, CANCELLING or CANCELED; raises
+        Ray's ``GetTimeoutError`` when the job master does not answer within ``timeout``."""
         if self._result is not None:
             return JobState.FINISHED
         if self._state is not None:
             return self._state
         try:
-            return JobState(ray.get(self._master.status.remote())["state"])
+            return JobState(ray.get(self._master.status.remote(), timeout=timeout)["state"])
         except ray.exceptions.RayActorError:
             if self._cancel_requested:
                 return JobState.CANCELLING  # its job master is gone: being cleaned up
