@@ -458,6 +458,17 @@ def _refusal(name: str, status: dict[str, Any]) -> ConcurrentRunError:
     )
 
 
+def _clear_job(job_id: str) -> None:
+    """Stop whatever a host that did not start its job left of it (a host lost after its
+    job master came up leaves the job master's placement group while this process lives)."""
+    from rayflow.environment import _kill_job_actors
+
+    try:
+        _kill_job_actors(job_id)
+    except Exception:  # noqa: BLE001 - said by the error raised instead
+        pass
+
+
 def submit(
     graph: Any,
     settings: Any,
@@ -497,6 +508,7 @@ def submit(
         ids = ray.get(host.started.remote(START_TIMEOUT_S), timeout=START_TIMEOUT_S + 60)
     except BaseException as exc:
         ray.kill(host, no_restart=True)  # nothing started: the name is free again
+        _clear_job(settings.job_id)
         if isinstance(exc, ray.exceptions.GetTimeoutError):
             raise TimeoutError(
                 f"job {name!r}: its job host did not start within {START_TIMEOUT_S + 60:g} s "

@@ -184,6 +184,10 @@ def test_status_says_restarting_while_the_job_master_is_replaced(tmp_path):
         status = job.status()
         assert status["state"] == "RESTARTING", status
         assert job.cancel() is JobState.CANCELED
+        # cleaned up as any cancel: actors, placement group, run lock, open transactions
         assert not _job_actors(job.job_id) and not _run_lock_held(name)
+        assert not job_placement_groups(job.job_id)
+        assert not [n for n in os.listdir(tmp_path / "out") if n.startswith(".")]
+        assert job.status()["state"] == "CANCELED"
     finally:
         _forget(name)
