@@ -19,8 +19,9 @@ name, attached or detached.
 The host runs on the head node (when Ray marks one), so losing any other node costs the
 job a restart or a job master takeover, not its host. What is not covered: a job whose host
 is lost (its process dies) is not resumed; its job master and subtasks go with the host, Ray
-restarts the host, which shows the job FAILED (its host lost) until it is removed, and the
-next run of the job name recovers the sinks' open transactions, as after any crash.
+restarts the host, which shows the job FAILED (its host lost; a job that had ended before,
+the end its run recorded) until it is removed, and the next run of the job name recovers
+the sinks' open transactions, as after any crash.
 """
 
 from __future__ import annotations
@@ -127,6 +128,20 @@ def _result_summary(result: Any) -> dict[str, Any]:
     }
 
 
+def _recorded_end(settings: Any) -> JobState | None:
+    """The end (FINISHED, FAILED or CANCELED) the run recorded in its checkpoint storage;
+    None when it recorded none (or has no storage)."""
+    if not settings.checkpointing:
+        return None
+    try:
+        recorded = settings.storage().read_job_state()
+    except Exception:  # noqa: BLE001 - unreadable: not known to have ended
+        return None
+    if recorded is None or not recorded.state.is_terminal:
+        return None
+    return recorded.state
+
+
 @ray.remote(num_cpus=0, max_restarts=-1, max_concurrency=16)
 class JobHost:
     """Runs one detached job and keeps its outcome until it is removed.
@@ -135,8 +150,9 @@ class JobHost:
     go with ``no_restart``). The restarted host does not run the job again: the job's run
     lock and job master went with the dead process (and the job master's subtasks with
     it), so it makes sure that nothing of the job is left (actors, placement groups, run
-    lock), then shows the job FAILED, its host lost, until it is removed; the next run of
-    the job name recovers the sinks' open transactions, as after any crash."""
+    lock), then shows the job FAILED, its host lost, until it is removed (a job that had
+    ended shows the end its run recorded in its checkpoint storage); the next run of the
+    job name recovers the sinks' open transactions, as after any crash."""
 
     def __init__(
         self,
@@ -163,7 +179,7 @@ class JobHost:
         self._ended = threading.Event()
         self._lock = threading.Lock()
         if ray.get_runtime_context().was_current_actor_reconstructed:
-            self._lost()
+            self._lost(settings)
             return
         threading.Thread(
             target=self._run,
@@ -211,8 +227,9 @@ class JobHost:
             self._ended_at = time.time()
         self._ended.set()
 
-    def _lost(self) -> None:
-        """This host is a restart of one whose process died: its job died with it."""
+    def _lost(self, settings: Any) -> None:
+        """This host is a restart of one whose process died: a job still running died
+        with it; one that had ended keeps the end its run recorded."""
         self._start_error = JobFailedError(
             f"job {self.name!r} (run {self.run_id}) failed: its job host was lost (its "
             "process died), and its job master and subtasks with it; the next run of the "
@@ -221,9 +238,9 @@ class JobHost:
         self._error = _first_line(self._start_error)
         self._state = JobState.FAILING
         self._started.set()
-        threading.Thread(target=self._clean_up_lost, daemon=True).start()
+        threading.Thread(target=self._clean_up_lost, args=(settings,), daemon=True).start()
 
-    def _clean_up_lost(self) -> None:
+    def _clean_up_lost(self, settings: Any) -> None:
         from rayflow.environment import _kill_job_actors
         from rayflow.runtime.run_lock import release_run_lock_held_by
 
@@ -232,8 +249,16 @@ class JobHost:
         except Exception as exc:  # noqa: BLE001 - said in the outcome
             self._error = f"{self._error}; its actors could not all be stopped: {exc}"
         release_run_lock_held_by(self.name, self.run_id)
+        state = JobState.FAILED
+        recorded = _recorded_end(settings)
+        if recorded is not None:
+            state = recorded
+            self._error = (
+                f"the job had ended {state.value} before its job host was lost (its process "
+                "died); its result went with the host"
+            )
         with self._lock:
-            self._state = JobState.FAILED
+            self._state = state
             self._ended_at = time.time()
         self._ended.set()
 

@@ -191,3 +191,57 @@ def test_status_says_restarting_while_the_job_master_is_replaced(tmp_path):
         assert job.status()["state"] == "CANCELED"
     finally:
         _forget(name)
+
+
+def test_a_finished_job_whose_host_is_lost_still_shows_finished(tmp_path):
+    """The host of a job that had finished dies while it keeps the outcome: the job is not
+    shown FAILED (nor gone), it shows the end its run recorded, FINISHED."""
+    env = StreamExecutionEnvironment.get_execution_environment().set_parallelism(2)
+    env.enable_checkpointing(200)
+    env.get_checkpoint_config().set_checkpoint_storage(str(tmp_path / "chk"))
+    env.from_source(NumberSequenceSource(0, 9_999, batch_size=1000), "numbers").sink_to(
+        FileSink(tmp_path / "out"), name="files"
+    )
+    name = f"finished-host-lost-{time.time_ns()}"
+    job = env.execute_detached(name)
+    try:
+        assert job.wait(60) is JobState.FINISHED
+        ray.kill(job.host, no_restart=False)  # its process dies
+        found = _until(
+            lambda: (
+                _host(name) is not None
+                and (j := detached.find(name)).status()["state"] in ("FINISHED", "FAILED")
+                and j
+            ),
+            30,
+            "the job's outcome shown again",
+        )
+        status = found.status()
+        assert status["state"] == "FINISHED", status
+        assert "job host was lost" in status["error"]
+        assert found.wait(1) is JobState.FINISHED
+        found.remove()
+    finally:
+        _forget(name)
+
+
+def test_a_cancelled_job_whose_host_is_lost_still_shows_cancelled(tmp_path):
+    name = f"cancelled-host-lost-{time.time_ns()}"
+    job = _unbounded_env(tmp_path).execute_detached(name)
+    try:
+        _until(lambda: _running_with_a_checkpoint(job), 60, "the job running")
+        assert job.cancel() is JobState.CANCELED
+        ray.kill(job.host, no_restart=False)  # its process dies
+        found = _until(
+            lambda: (
+                _host(name) is not None
+                and (j := detached.find(name)).status()["state"] in ("CANCELED", "FAILED")
+                and j
+            ),
+            30,
+            "the job's outcome shown again",
+        )
+        assert found.status()["state"] == "CANCELED"
+        found.remove()
+    finally:
+        _forget(name)
