@@ -1201,6 +1201,19 @@ class StreamExecutionEnvironment:
         warning), new operators start empty, and state that no operator takes fails the
         start unless ``allow_non_restored_state`` drops it.
         """
+        return self._start(
+            job_name, restore_from, allow_non_restored_state, detached.is_requested()
+        )
+
+    def _start(
+        self,
+        job_name: str,
+        restore_from: str | None,
+        allow_non_restored_state: bool,
+        detach: bool,
+    ) -> JobClient:
+        """Start the job here, or (``detach``) submit it detached: raises
+        :class:`~rayflow.detached.JobDetached` once it is."""
         graph = self.get_job_graph()
         if not graph.vertices:
             raise ValueError("execute: the job has no operators; add a source and a sink")
@@ -1228,7 +1241,7 @@ class StreamExecutionEnvironment:
         if self._preflight_checks:
             preflight.check_job(job_name, graph, config)  # before Ray starts
         ensure_ray()
-        if detached.is_requested():
+        if detach:
             job = detached.submit(
                 graph,
                 settings,
@@ -1256,12 +1269,13 @@ class StreamExecutionEnvironment:
         """Start the job as a detached job and return a handle on it at once: it runs on
         the Ray cluster of ``RAY_ADDRESS`` after this process exits (see
         :mod:`rayflow.detached`; ``rayflow jobs`` lists, inspects and cancels it)."""
-        with detached.requested():
-            try:
-                self.execute_async(job_name, restore_from, allow_non_restored_state)
-            except detached.JobDetached as submitted:
-                return submitted.job
-        raise AssertionError("execute_async returned without submitting the detached job")
+        try:
+            # not through detached.requested(): that is the whole process's, and another
+            # thread may be starting a job of its own meanwhile
+            self._start(job_name, restore_from, allow_non_restored_state, detach=True)
+        except detached.JobDetached as submitted:
+            return submitted.job
+        raise AssertionError("_start returned without submitting the detached job")
 
     def execute(
         self,

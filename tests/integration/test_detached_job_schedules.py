@@ -245,3 +245,62 @@ def test_a_cancelled_job_whose_host_is_lost_still_shows_cancelled(tmp_path):
         found.remove()
     finally:
         _forget(name)
+
+
+class _GatedSetupSink(FileSink):
+    """A file sink whose set-up (in the job host) waits until ``gate`` exists."""
+
+    def __init__(self, directory, gate) -> None:
+        super().__init__(directory)
+        self.gate = str(gate)
+
+    def setup(self, job_name, guarantee=None) -> None:
+        deadline = time.monotonic() + 60
+        while not os.path.exists(self.gate) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        super().setup(job_name, guarantee)
+
+
+def _bounded_env(tmp_path, tag: str, sink=None) -> StreamExecutionEnvironment:
+    env = StreamExecutionEnvironment.get_execution_environment().set_parallelism(1)
+    env.from_source(NumberSequenceSource(0, 999, batch_size=100), "numbers").sink_to(
+        sink or FileSink(tmp_path / f"out-{tag}"), name="files"
+    )
+    return env
+
+
+def test_overlapping_detached_submissions_leave_later_runs_attached(tmp_path):
+    """Two threads of one driver submit detached jobs; the first returns while the second
+    still waits for its job to start. Afterwards an ``execute()`` of this driver runs the
+    job here, as it always does, not detached."""
+    gate = tmp_path / "go"
+    first, second = f"overlap-a-{time.time_ns()}", f"overlap-b-{time.time_ns()}"
+    handles: dict = {}
+
+    def submit(name: str, env) -> None:
+        try:
+            handles[name] = env.execute_detached(name)
+        except BaseException as exc:  # noqa: BLE001 - looked at below
+            handles[name] = exc
+
+    a = threading.Thread(target=submit, args=(first, _bounded_env(tmp_path, "a")), daemon=True)
+    b_env = _bounded_env(tmp_path, "b", _GatedSetupSink(tmp_path / "out-b", gate))
+    b = threading.Thread(target=submit, args=(second, b_env), daemon=True)
+    try:
+        a.start()
+        _until(lambda: _host(first) is not None, 60, "the first submission under way")
+        b.start()
+        _until(lambda: _host(second) is not None, 60, "the second submission under way")
+        a.join(60)
+        gate.write_text("go")
+        b.join(60)
+        assert isinstance(handles[first], detached.DetachedJob), handles[first]
+        assert isinstance(handles[second], detached.DetachedJob), handles[second]
+        assert handles[first].wait(60) is JobState.FINISHED
+        assert handles[second].wait(60) is JobState.FINISHED
+
+        result = _bounded_env(tmp_path, "c").execute(f"attached-{time.time_ns()}")
+        assert result.records_in("numbers") == 1000
+    finally:
+        _forget(first)
+        _forget(second)
