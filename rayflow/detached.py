@@ -142,7 +142,12 @@ def _recorded_end(settings: Any) -> JobState | None:
     return recorded.state
 
 
-@ray.remote(num_cpus=0, max_restarts=-1, max_concurrency=16)
+#: calls of a host that block until the job starts or ends, by kind: each kind has threads
+#: of its own, so that waiting callers never hold up ``status`` or a cancel
+_WAITS = {"waits": 32, "cancels": 4}
+
+
+@ray.remote(num_cpus=0, max_restarts=-1, max_concurrency=16, concurrency_groups=_WAITS)
 class JobHost:
     """Runs one detached job and keeps its outcome until it is removed.
 
@@ -281,6 +286,7 @@ class JobHost:
 
     # --- calls ---------------------------------------------------------------------------
 
+    @ray.method(concurrency_group="waits")
     def started(self, timeout_s: float = 300.0) -> dict[str, str]:
         """Once the run started (its job master is up): its ids; raises what stopped it."""
         if not self._started.wait(timeout_s):
@@ -350,6 +356,7 @@ class JobHost:
         with self._lock:
             return list(self._checkpoints)
 
+    @ray.method(concurrency_group="cancels")
     def cancel(self, timeout_s: float = 120.0) -> str:
         """Cancel the job and return its state once it is cleaned up (CANCELED, or the
         state it had ended in before the cancel took effect)."""
@@ -364,6 +371,7 @@ class JobHost:
                 )
         return self._state.value
 
+    @ray.method(concurrency_group="waits")
     def wait(self, timeout_s: float) -> str | None:
         """The job's state once it ended, None if it is still going after ``timeout_s``."""
         return self._state.value if self._ended.wait(timeout_s) else None

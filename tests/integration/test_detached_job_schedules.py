@@ -304,3 +304,19 @@ def test_overlapping_detached_submissions_leave_later_runs_attached(tmp_path):
     finally:
         _forget(first)
         _forget(second)
+
+
+def test_a_job_host_answers_status_and_cancel_while_many_wait_for_the_job(tmp_path):
+    """Many callers wait for the job's end (``DetachedJob.wait``) at once: the host still
+    answers ``status`` and carries out a cancel."""
+    name = f"many-waiters-{time.time_ns()}"
+    job = _unbounded_env(tmp_path).execute_detached(name)
+    try:
+        _until(lambda: _running_with_a_checkpoint(job), 60, "the job running")
+        waiting = [job.host.wait.remote(60) for _ in range(40)]
+        assert job.status(timeout_s=20)["state"] == "RUNNING"
+        assert job.cancel() is JobState.CANCELED
+        assert set(ray.get(waiting, timeout=30)) == {"CANCELED"}
+        assert not _job_actors(job.job_id) and not _run_lock_held(name)
+    finally:
+        _forget(name)
