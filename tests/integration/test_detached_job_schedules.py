@@ -320,3 +320,34 @@ def test_a_job_host_answers_status_and_cancel_while_many_wait_for_the_job(tmp_pa
         assert not _job_actors(job.job_id) and not _run_lock_held(name)
     finally:
         _forget(name)
+
+
+def test_a_second_submission_of_a_name_while_the_first_starts_is_refused(tmp_path):
+    """Two submissions of one name at once: while the first one's host starts the job
+    (run lock taken, sinks being set up) the second is refused, naming the first."""
+    gate = tmp_path / "go"
+    name = f"same-name-{time.time_ns()}"
+    handles: dict = {}
+
+    def submit() -> None:
+        env = _bounded_env(tmp_path, "a", _GatedSetupSink(tmp_path / "out-a", gate))
+        try:
+            handles["first"] = env.execute_detached(name)
+        except BaseException as exc:  # noqa: BLE001 - looked at below
+            handles["first"] = exc
+
+    first = threading.Thread(target=submit, daemon=True)
+    try:
+        first.start()
+        _until(lambda: _run_lock_held(name), 60, "the first submission holding the run lock")
+        with pytest.raises(ConcurrentRunError, match="is CREATED"):
+            _bounded_env(tmp_path, "b").execute_detached(name)
+        gate.write_text("go")
+        first.join(60)
+        job = handles["first"]
+        assert isinstance(job, detached.DetachedJob), job
+        assert job.wait(60) is JobState.FINISHED
+        assert job.status()["records"]["numbers -> files"]["records_in"] == 1000
+        assert os.listdir(tmp_path / "out-b") == []  # the refused one wrote nothing
+    finally:
+        _forget(name)
