@@ -166,11 +166,12 @@ class JobHost:
         restore_from: str | None,
         plan: Any = None,
         allow_non_restored_state: bool = False,
+        submitted_at: float | None = None,
     ) -> None:
         self.name = settings.job_name
         self.job_id = settings.job_id
         self.run_id = settings.run_id
-        self.submitted_at = time.time()
+        self.submitted_at = submitted_at or time.time()  # the same in a restarted host
         self._client: Any = None
         self._start_error: BaseException | None = None
         self._error: str | None = None
@@ -224,7 +225,10 @@ class JobHost:
             state = JobState.FINISHED
         except BaseException as exc:  # noqa: BLE001 - the outcome is what it holds
             self._error = _first_line(exc)
-            state = self._client.get_job_status()
+            try:
+                state = self._client.get_job_status(timeout=30)
+            except Exception:  # noqa: BLE001 - its job master does not say: it failed here
+                state = JobState.FAILED
             if not state.is_terminal:
                 state = JobState.FAILED
         with self._lock:
@@ -516,11 +520,12 @@ def submit(
     from rayflow.runtime.job_master import _unwrap
 
     name = settings.job_name
+    submitted_at = time.time()
     for _ in range(50):
         try:
             host = JobHost.options(
                 name=name, namespace=NAMESPACE, lifetime="detached", **_on_the_head_node()
-            ).remote(graph, settings, restore_from, plan, allow_non_restored_state)
+            ).remote(graph, settings, restore_from, plan, allow_non_restored_state, submitted_at)
             break
         except ValueError:
             pass  # the name is taken: by a host, or by a dead one whose name goes soon

@@ -88,6 +88,7 @@ def test_a_lost_job_host_shows_its_job_failed_and_leaves_nothing_running(tmp_pat
     try:
         _until(lambda: _running_with_a_checkpoint(job), 60, "the job running")
         assert job_placement_groups(job.job_id)
+        submitted_at = job.status()["submitted_at"]
         ray.kill(job.host, no_restart=False)  # its process dies (as when killed by the OS)
 
         _until(lambda: not _job_actors(job.job_id), 30, "the job's actors to go")
@@ -101,7 +102,7 @@ def test_a_lost_job_host_shows_its_job_failed_and_leaves_nothing_running(tmp_pat
             "the job shown FAILED",
         )
         status = found.status()
-        assert status["run_id"] == job.run_id
+        assert status["run_id"] == job.run_id and status["submitted_at"] == submitted_at
         assert "job host was lost" in status["error"]
         assert found.cancel() is JobState.FAILED  # nothing to cancel
         assert not job_placement_groups(job.job_id)
