@@ -1,8 +1,10 @@
 """Detached jobs when something goes wrong around their job host: the host's process
-dies while the job runs, or while it starts the job (run lock taken, job master not up);
-its status is asked while the job master is being replaced. Each test drives a real
-detached job on the suite's Ray (submitted from this process, which stays alive: so a
-placement group of the job is not removed by Ray on its own)."""
+dies while the job runs, after it ended, or while it starts the job (run lock taken, job
+master not up); its status is asked while the job master is being replaced; many callers
+wait on it at once; two submissions overlap (of one name, or from two threads of one
+driver). Each test drives a real detached job on the suite's Ray (submitted from this
+process, which stays alive: so a placement group of the job is not removed by Ray on its
+own)."""
 
 from __future__ import annotations
 
