@@ -18,10 +18,11 @@ name, attached or detached.
 
 The host runs on the head node (when Ray marks one), so losing any other node costs the
 job a restart or a job master takeover, not its host. What is not covered: a job whose host
-is lost (its process dies) is not resumed; its job master and subtasks go with the host, Ray
-restarts the host, which shows the job FAILED (its host lost; a job that had ended before,
-the end its run recorded) until it is removed, and the next run of the job name recovers
-the sinks' open transactions, as after any crash.
+is lost (its process dies) is not resumed; its job master and subtasks go with the host. Ray
+restarts the host, which cleans the job up as a cancel does (a job master that only commits
+what completed checkpoints hold and aborts every other open transaction) and shows it FAILED,
+its host lost, until it is removed (a job that had ended before keeps the end its run
+recorded).
 """
 
 from __future__ import annotations
@@ -154,10 +155,12 @@ class JobHost:
     Ray restarts a host whose process died (never one that was killed on purpose: those
     go with ``no_restart``). The restarted host does not run the job again: the job's run
     lock and job master went with the dead process (and the job master's subtasks with
-    it), so it makes sure that nothing of the job is left (actors, placement groups, run
-    lock), then shows the job FAILED, its host lost, until it is removed (a job that had
-    ended shows the end its run recorded in its checkpoint storage); the next run of the
-    job name recovers the sinks' open transactions, as after any crash."""
+    it), so it makes sure that nothing of the job is left (actors, placement groups), takes
+    the run lock again and cleans the run up as a cancel does (what completed checkpoints
+    hold committed, every other open transaction aborted; when another run of the name
+    holds the lock by then, that run recovers them), then shows the job FAILED, its host
+    lost, until it is removed. A job that had ended shows the end its run recorded in its
+    checkpoint storage."""
 
     def __init__(
         self,
@@ -185,7 +188,7 @@ class JobHost:
         self._ended = threading.Event()
         self._lock = threading.Lock()
         if ray.get_runtime_context().was_current_actor_reconstructed:
-            self._lost(settings)
+            self._lost(graph, settings, restore_from, plan, allow_non_restored_state)
             return
         threading.Thread(
             target=self._run,
@@ -236,40 +239,62 @@ class JobHost:
             self._ended_at = time.time()
         self._ended.set()
 
-    def _lost(self, settings: Any) -> None:
+    def _lost(self, *run: Any) -> None:
         """This host is a restart of one whose process died: a job still running died
-        with it; one that had ended keeps the end its run recorded."""
+        with it (and is cleaned up as a cancel is); one that had ended keeps the end its
+        run recorded. ``run``: the host's own arguments (graph, settings, restore_from,
+        plan, allow_non_restored_state)."""
         self._start_error = JobFailedError(
             f"job {self.name!r} (run {self.run_id}) failed: its job host was lost (its "
-            "process died), and its job master and subtasks with it; the next run of the "
-            "job name recovers what its sinks left open"
+            "process died), and its job master and subtasks with it"
         )
         self._error = _first_line(self._start_error)
         self._state = JobState.FAILING
         self._started.set()
-        threading.Thread(target=self._clean_up_lost, args=(settings,), daemon=True).start()
+        threading.Thread(target=self._clean_up_lost, args=run, daemon=True).start()
 
-    def _clean_up_lost(self, settings: Any) -> None:
-        from rayflow.environment import _kill_job_actors
+    def _clean_up_lost(self, graph: Any, settings: Any, *start: Any) -> None:
+        from rayflow.environment import _kill_job_actors, clean_up_lost_run
         from rayflow.runtime.run_lock import release_run_lock_held_by
 
+        state = JobState.FAILED
         try:
+            # nothing of the lost job master may run beside the one that cleans up
             _kill_job_actors(self.job_id)  # and its placement groups
         except Exception as exc:  # noqa: BLE001 - said in the outcome
-            self._error = f"{self._error}; its actors could not all be stopped: {exc}"
+            note = f"its actors could not all be stopped ({_first_line(exc)})"
+        else:
+            recorded = _recorded_end(settings)
+            if recorded is not None:
+                state = recorded
+                self._error = (
+                    f"the job had ended {state.value} before its job host was lost (its "
+                    "process died); its result went with the host"
+                )
+                note = ""
+            elif not settings.checkpointing:
+                note = ""
+            else:
+                note = self._clean_up_transactions(clean_up_lost_run, graph, settings, *start)
         release_run_lock_held_by(self.name, self.run_id)
-        state = JobState.FAILED
-        recorded = _recorded_end(settings)
-        if recorded is not None:
-            state = recorded
-            self._error = (
-                f"the job had ended {state.value} before its job host was lost (its process "
-                "died); its result went with the host"
-            )
+        if note:
+            self._error = f"{self._error}; {note}"
         with self._lock:
             self._state = state
             self._ended_at = time.time()
         self._ended.set()
+
+    def _clean_up_transactions(self, clean_up: Any, *run: Any) -> str:
+        try:
+            clean_up(*run)
+        except ConcurrentRunError:
+            return "another run of the job name holds it now, and recovers its open transactions"
+        except Exception as exc:  # noqa: BLE001 - said in the outcome
+            return (
+                f"cleaning up failed ({_first_line(exc)}); the next run of the job name "
+                "recovers its open transactions"
+            )
+        return "cleaned up as a cancel is (open transactions aborted)"
 
     def _refresh(self) -> None:
         while not self._ended.wait(REFRESH_S):

@@ -776,17 +776,7 @@ def start_run(
     config = settings.checkpoint_config
     lock = acquire_run_lock(job_name, settings.run_id)  # before choosing what to restore
     try:
-        if restore_from is not None:
-            where = f"restore_from={restore_from!r}"
-            if not config.is_checkpointing_enabled():
-                raise ValueError(
-                    f"{where}: restoring needs checkpointing (env.enable_checkpointing(...))"
-                )
-            settings.initial_restore = _load_restore(config, job_name, restore_from)
-            check_channel_state(graph, settings.initial_restore, where)
-            check_state_mapping(
-                plan, graph, settings.initial_restore, allow_non_restored_state, where
-            )
+        _load_initial_restore(graph, settings, restore_from, plan, allow_non_restored_state)
         if config.is_checkpointing_enabled():
             jobs = JobStorage(config.checkpoint_storage, job_name, config.storage_options)
             source = settings.initial_restore.run_id if settings.initial_restore else None
@@ -800,6 +790,68 @@ def start_run(
         raise
     client._guarantees = _guarantee_words(graph)
     return client
+
+
+def _load_initial_restore(
+    graph: JobGraph,
+    settings: JobSettings,
+    restore_from: str | None,
+    plan: LogicalPlan | None,
+    allow_non_restored_state: bool,
+) -> None:
+    """Load what the run starts from into ``settings.initial_restore`` (checked against
+    the graph)."""
+    if restore_from is None:
+        return
+    config = settings.checkpoint_config
+    where = f"restore_from={restore_from!r}"
+    if not config.is_checkpointing_enabled():
+        raise ValueError(f"{where}: restoring needs checkpointing (env.enable_checkpointing(...))")
+    settings.initial_restore = _load_restore(config, settings.job_name, restore_from)
+    check_channel_state(graph, settings.initial_restore, where)
+    check_state_mapping(plan, graph, settings.initial_restore, allow_non_restored_state, where)
+
+
+def clean_up_lost_run(
+    graph: JobGraph,
+    settings: JobSettings,
+    restore_from: str | None,
+    plan: LogicalPlan | None = None,
+    allow_non_restored_state: bool = False,
+) -> None:
+    """Clean up a run whose job master was lost with the process that ran it (a detached
+    job's host) as a cancel does: a job master that only cleans up, committing what the
+    run's completed checkpoints hold and aborting every other open transaction. Takes the
+    job name's run lock for the run again (:class:`ConcurrentRunError` when another run
+    holds it: that run recovers the transactions) and releases it once done. The caller
+    makes sure no actor of the lost job master is left."""
+    job_name = settings.job_name
+    config = settings.checkpoint_config
+    storage = settings.storage()
+    lock = acquire_run_lock(job_name, settings.run_id)
+    try:
+        _load_initial_restore(graph, settings, restore_from, plan, allow_non_restored_state)
+        jobs = JobStorage(config.checkpoint_storage, job_name, config.storage_options)
+        settings.first_checkpoint_id = jobs.max_checkpoint_id() + 1
+        for spec in graph.sink_specs():
+            spec.sink.setup(job_name, spec.guarantee)
+        state = _retry(storage.read_job_state, f"job {job_name!r}: reading its state")
+        supervisor = RestartSupervisor(state or settings.new_supervisor().state)
+        supervisor.begin_clean_up()
+        settings.supervisor = supervisor.snapshot()
+        settings.cancel_requested = True
+        _retry(
+            lambda: storage.write_job_state(settings.supervisor),
+            f"job {job_name!r}: recording its state",
+        )
+        client = JobClient(job_name, settings.job_id, graph, settings, lock)
+    except BaseException:
+        release_run_lock(lock)
+        raise
+    try:
+        client.wait()
+    except JobCancelledError:
+        pass  # cleaned up
 
 
 def _load_restore(config: CheckpointConfig, job_name: str, restore_from: str) -> CheckpointMetadata:

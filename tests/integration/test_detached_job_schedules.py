@@ -84,7 +84,8 @@ def _running_with_a_checkpoint(job) -> bool:
 def test_a_lost_job_host_shows_its_job_failed_and_leaves_nothing_running(tmp_path):
     """The host's process dies while its job runs: the job is not silently gone from
     ``rayflow jobs`` (it shows FAILED, saying its host was lost, until it is removed), and
-    nothing of it runs on: no job master or subtask, no placement group, no run lock."""
+    it is cleaned up as a cancel is: no job master or subtask, no placement group, no run
+    lock, no open transaction left (what completed checkpoints hold is committed)."""
     name = f"host-lost-{time.time_ns()}"
     job = _unbounded_env(tmp_path).execute_detached(name)
     try:
@@ -105,7 +106,11 @@ def test_a_lost_job_host_shows_its_job_failed_and_leaves_nothing_running(tmp_pat
         )
         status = found.status()
         assert status["run_id"] == job.run_id and status["submitted_at"] == submitted_at
+        out = tmp_path / "out"
+        assert [n for n in os.listdir(out) if not n.startswith(".")]  # committed output
+        assert [n for n in os.listdir(out) if n.startswith(".")] == []  # none left open
         assert "job host was lost" in status["error"]
+        assert "open transactions aborted" in status["error"]
         assert found.cancel() is JobState.FAILED  # nothing to cancel
         assert not job_placement_groups(job.job_id)
         assert not _run_lock_held(name)
