@@ -17,9 +17,12 @@ cancelled, an ended one removed); the run lock still refuses any second live run
 name, attached or detached.
 
 The host runs on the head node (when Ray marks one), so losing any other node costs the
-job a restart or a job master takeover, not its host. What is not covered: the host itself
-is not restarted (its node is lost, or it is killed); its job master and subtasks go with it,
-and the next run of the job name recovers the sinks' open transactions, as after any crash.
+job a restart or a job master takeover, not its host. What is not covered: a job whose host
+is lost (its process dies) is not resumed; its job master and subtasks go with the host. Ray
+restarts the host, which cleans the job up as a cancel does (a job master that only commits
+what completed checkpoints hold and aborts every other open transaction) and shows it FAILED,
+its host lost, until it is removed (a job that had ended before keeps the end its run
+recorded).
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from typing import Any
 
 import ray
 
-from rayflow.errors import ConcurrentRunError
+from rayflow.errors import ConcurrentRunError, JobFailedError
 from rayflow.status import JobState
 
 __all__ = [
@@ -126,9 +129,38 @@ def _result_summary(result: Any) -> dict[str, Any]:
     }
 
 
-@ray.remote(num_cpus=0, max_restarts=0, max_concurrency=16)
+def _recorded_end(settings: Any) -> JobState | None:
+    """The end (FINISHED, FAILED or CANCELED) the run recorded in its checkpoint storage;
+    None when it recorded none (or has no storage)."""
+    if not settings.checkpointing:
+        return None
+    try:
+        recorded = settings.storage().read_job_state()
+    except Exception:  # noqa: BLE001 - unreadable: not known to have ended
+        return None
+    if recorded is None or not recorded.state.is_terminal:
+        return None
+    return recorded.state
+
+
+#: calls of a host that block until the job starts or ends, by kind: each kind has threads
+#: of its own, so that waiting callers never hold up ``status`` or a cancel
+_WAITS = {"waits": 32, "cancels": 4}
+
+
+@ray.remote(num_cpus=0, max_restarts=-1, max_concurrency=16, concurrency_groups=_WAITS)
 class JobHost:
-    """Runs one detached job and keeps its outcome until it is removed."""
+    """Runs one detached job and keeps its outcome until it is removed.
+
+    Ray restarts a host whose process died (never one that was killed on purpose: those
+    go with ``no_restart``). The restarted host does not run the job again: the job's run
+    lock and job master went with the dead process (and the job master's subtasks with
+    it), so it makes sure that nothing of the job is left (actors, placement groups), takes
+    the run lock again and cleans the run up as a cancel does (what completed checkpoints
+    hold committed, every other open transaction aborted; when another run of the name
+    holds the lock by then, that run recovers them), then shows the job FAILED, its host
+    lost, until it is removed. A job that had ended shows the end its run recorded in its
+    checkpoint storage."""
 
     def __init__(
         self,
@@ -137,11 +169,12 @@ class JobHost:
         restore_from: str | None,
         plan: Any = None,
         allow_non_restored_state: bool = False,
+        submitted_at: float | None = None,
     ) -> None:
         self.name = settings.job_name
         self.job_id = settings.job_id
         self.run_id = settings.run_id
-        self.submitted_at = time.time()
+        self.submitted_at = submitted_at or time.time()  # the same in a restarted host
         self._client: Any = None
         self._start_error: BaseException | None = None
         self._error: str | None = None
@@ -154,6 +187,9 @@ class JobHost:
         self._started = threading.Event()
         self._ended = threading.Event()
         self._lock = threading.Lock()
+        if ray.get_runtime_context().was_current_actor_reconstructed:
+            self._lost(graph, settings, restore_from, plan, allow_non_restored_state)
+            return
         threading.Thread(
             target=self._run,
             args=(graph, settings, restore_from, plan, allow_non_restored_state),
@@ -192,13 +228,73 @@ class JobHost:
             state = JobState.FINISHED
         except BaseException as exc:  # noqa: BLE001 - the outcome is what it holds
             self._error = _first_line(exc)
-            state = self._client.get_job_status()
+            try:
+                state = self._client.get_job_status(timeout=30)
+            except Exception:  # noqa: BLE001 - its job master does not say: it failed here
+                state = JobState.FAILED
             if not state.is_terminal:
                 state = JobState.FAILED
         with self._lock:
             self._state = state
             self._ended_at = time.time()
         self._ended.set()
+
+    def _lost(self, *run: Any) -> None:
+        """This host is a restart of one whose process died: a job still running died
+        with it (and is cleaned up as a cancel is); one that had ended keeps the end its
+        run recorded. ``run``: the host's own arguments (graph, settings, restore_from,
+        plan, allow_non_restored_state)."""
+        self._start_error = JobFailedError(
+            f"job {self.name!r} (run {self.run_id}) failed: its job host was lost (its "
+            "process died), and its job master and subtasks with it"
+        )
+        self._error = _first_line(self._start_error)
+        self._state = JobState.FAILING
+        self._started.set()
+        threading.Thread(target=self._clean_up_lost, args=run, daemon=True).start()
+
+    def _clean_up_lost(self, graph: Any, settings: Any, *start: Any) -> None:
+        from rayflow.environment import _kill_job_actors, clean_up_lost_run
+        from rayflow.runtime.run_lock import release_run_lock_held_by
+
+        state = JobState.FAILED
+        try:
+            # nothing of the lost job master may run beside the one that cleans up
+            _kill_job_actors(self.job_id)  # and its placement groups
+        except Exception as exc:  # noqa: BLE001 - said in the outcome
+            note = f"its actors could not all be stopped ({_first_line(exc)})"
+        else:
+            recorded = _recorded_end(settings)
+            if recorded is not None:
+                state = recorded
+                self._error = (
+                    f"the job had ended {state.value} before its job host was lost (its "
+                    "process died); its result went with the host"
+                )
+                note = ""
+            elif not settings.checkpointing:
+                note = ""
+            else:
+                note = self._clean_up_transactions(clean_up_lost_run, graph, settings, *start)
+        release_run_lock_held_by(self.name, self.run_id)
+        if note:
+            self._error = f"{self._error}; {note}"
+        with self._lock:
+            self._state = state
+            self._ended_at = time.time()
+        self._ended.set()
+
+    def _clean_up_transactions(self, clean_up: Any, *run: Any) -> str:
+        try:
+            clean_up(*run)
+        except ConcurrentRunError:
+            return "another run of the job name holds it now, and recovers its open transactions"
+        except Exception as exc:  # noqa: BLE001 - said in the outcome
+            return (
+                f"cleaning up failed ({_first_line(exc)}); the next run of the job name "
+                "recovers its open transactions"
+            )
+        return "cleaned up as a cancel is (open transactions aborted)"
 
     def _refresh(self) -> None:
         while not self._ended.wait(REFRESH_S):
@@ -219,6 +315,7 @@ class JobHost:
 
     # --- calls ---------------------------------------------------------------------------
 
+    @ray.method(concurrency_group="waits")
     def started(self, timeout_s: float = 300.0) -> dict[str, str]:
         """Once the run started (its job master is up): its ids; raises what stopped it."""
         if not self._started.wait(timeout_s):
@@ -235,7 +332,11 @@ class JobHost:
             live = self._client.snapshot(timeout=5)
             if live is not None:
                 snapshot = live
-            state = JobState(snapshot.get("state", JobState.CREATED))
+                state = JobState(snapshot.get("state", JobState.CREATED))
+            else:
+                # no answer: its job master is lost (the next one starts after the restart
+                # delay, or finishes a cancel) or busy; the last look says RUNNING, stale
+                state = self._state_unanswered(JobState(snapshot.get("state", JobState.CREATED)))
         records: dict[str, dict[str, int]] = {}
         for m in snapshot.get("metrics") or []:
             r = records.setdefault(m["vertex"], {"records_in": 0, "records_out": 0})
@@ -266,6 +367,12 @@ class JobHost:
             "result": self._summary,
         }
 
+    def _state_unanswered(self, last_seen: JobState) -> JobState:
+        try:
+            return self._client.get_job_status(timeout=5)
+        except Exception:  # noqa: BLE001 - busy: what was seen last
+            return last_seen
+
     def checkpoints(self) -> list[dict[str, Any]]:
         if not self._ended.is_set() and self._client is not None:
             try:
@@ -278,12 +385,14 @@ class JobHost:
         with self._lock:
             return list(self._checkpoints)
 
+    @ray.method(concurrency_group="cancels")
     def cancel(self, timeout_s: float = 120.0) -> str:
         """Cancel the job and return its state once it is cleaned up (CANCELED, or the
         state it had ended in before the cancel took effect)."""
         self._started.wait()
         if not self._ended.is_set():
-            self._client.request_cancel()
+            if self._client is not None:  # None: a lost host's job, being cleaned up
+                self._client.request_cancel()
             if not self._ended.wait(timeout_s):
                 raise TimeoutError(
                     f"job {self.name!r} is still cancelling after {timeout_s:g} s; "
@@ -291,12 +400,26 @@ class JobHost:
                 )
         return self._state.value
 
+    @ray.method(concurrency_group="waits")
     def wait(self, timeout_s: float) -> str | None:
         """The job's state once it ended, None if it is still going after ``timeout_s``."""
         return self._state.value if self._ended.wait(timeout_s) else None
 
     def ended(self) -> bool:
         return self._ended.is_set()
+
+
+def _ask(method: Any, *args: Any, timeout_s: float) -> Any:
+    """``method.remote(*args)``'s answer within ``timeout_s``; a host that Ray is
+    restarting (its process died) is asked again until it answers."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return ray.get(method(*args), timeout=max(0.1, deadline - time.monotonic()))
+        except ray.exceptions.ActorUnavailableError:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.2)
 
 
 @dataclass
@@ -312,25 +435,25 @@ class DetachedJob:
 
     def status(self, timeout_s: float = 30.0) -> dict[str, Any]:
         """State, ids, times, restarts, failure, last checkpoint and records per operator."""
-        return ray.get(self.host.status.remote(), timeout=timeout_s)
+        return _ask(self.host.status.remote, timeout_s=timeout_s)
 
     def checkpoints(self, timeout_s: float = 30.0) -> list[dict[str, Any]]:
         """Statistics of the run's most recent checkpoints (as ``JobClient.checkpoints``)."""
-        return ray.get(self.host.checkpoints.remote(), timeout=timeout_s)
+        return _ask(self.host.checkpoints.remote, timeout_s=timeout_s)
 
     def cancel(self, timeout_s: float = 120.0) -> JobState:
         """Cancel as ``JobClient.cancel`` does (subtasks gone, open transactions aborted,
         run lock released, placement group removed); returns the state it ended in."""
-        return JobState(ray.get(self.host.cancel.remote(timeout_s), timeout=timeout_s + 30))
+        return JobState(_ask(self.host.cancel.remote, timeout_s, timeout_s=timeout_s + 30))
 
     def wait(self, timeout_s: float) -> JobState | None:
         """The state once the job ended, None while it still runs after ``timeout_s``."""
-        state = ray.get(self.host.wait.remote(timeout_s), timeout=timeout_s + 30)
+        state = _ask(self.host.wait.remote, timeout_s, timeout_s=timeout_s + 30)
         return None if state is None else JobState(state)
 
     def remove(self) -> None:
         """Forget an ended job (its name is free again); a live one is refused."""
-        if not ray.get(self.host.ended.remote(), timeout=30):
+        if not _ask(self.host.ended.remote, timeout_s=30):
             raise DetachedJobRunning(
                 f"job {self.name!r} is still running: cancel it first "
                 f"(rayflow jobs cancel {self.name})"
@@ -339,7 +462,7 @@ class DetachedJob:
 
 
 def _handle(name: str, host: Any, timeout_s: float = 30.0) -> DetachedJob:
-    status = ray.get(host.status.remote(), timeout=timeout_s)
+    status = _ask(host.status.remote, timeout_s=timeout_s)
     return DetachedJob(name, status["job_id"], status["run_id"], host)
 
 
@@ -364,7 +487,7 @@ def list_jobs(timeout_s: float = 10.0) -> list[dict[str, Any]]:
     for name in names:
         try:
             host = ray.get_actor(name, namespace=NAMESPACE)
-            rows.append(ray.get(host.status.remote(), timeout=timeout_s))
+            rows.append(_ask(host.status.remote, timeout_s=timeout_s))
         except Exception as exc:  # noqa: BLE001 - gone meanwhile, or busy
             rows.append({"name": name, "state": "UNKNOWN", "error": _first_line(exc)})
     return rows
@@ -397,6 +520,17 @@ def _refusal(name: str, status: dict[str, Any]) -> ConcurrentRunError:
     )
 
 
+def _clear_job(job_id: str) -> None:
+    """Stop whatever a host that did not start its job left of it (a host lost after its
+    job master came up leaves the job master's placement group while this process lives)."""
+    from rayflow.environment import _kill_job_actors
+
+    try:
+        _kill_job_actors(job_id)
+    except Exception:  # noqa: BLE001 - said by the error raised instead
+        pass
+
+
 def submit(
     graph: Any,
     settings: Any,
@@ -411,17 +545,18 @@ def submit(
     from rayflow.runtime.job_master import _unwrap
 
     name = settings.job_name
+    submitted_at = time.time()
     for _ in range(50):
         try:
             host = JobHost.options(
                 name=name, namespace=NAMESPACE, lifetime="detached", **_on_the_head_node()
-            ).remote(graph, settings, restore_from, plan, allow_non_restored_state)
+            ).remote(graph, settings, restore_from, plan, allow_non_restored_state, submitted_at)
             break
         except ValueError:
             pass  # the name is taken: by a host, or by a dead one whose name goes soon
         try:
             existing = ray.get_actor(name, namespace=NAMESPACE)
-            status = ray.get(existing.status.remote(), timeout=30)
+            status = _ask(existing.status.remote, timeout_s=30)
         except ValueError:
             continue  # removed meanwhile
         except ray.exceptions.RayActorError:
@@ -436,6 +571,7 @@ def submit(
         ids = ray.get(host.started.remote(START_TIMEOUT_S), timeout=START_TIMEOUT_S + 60)
     except BaseException as exc:
         ray.kill(host, no_restart=True)  # nothing started: the name is free again
+        _clear_job(settings.job_id)
         if isinstance(exc, ray.exceptions.GetTimeoutError):
             raise TimeoutError(
                 f"job {name!r}: its job host did not start within {START_TIMEOUT_S + 60:g} s "

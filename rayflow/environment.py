@@ -304,14 +304,15 @@ class JobClient:
         self._start_master()
         return True
 
-    def get_job_status(self) -> JobState:
-        """CREATED, RUNNING, RESTARTING, FINISHED, FAILED, CANCELLING or CANCELED."""
+    def get_job_status(self, timeout: float | None = None) -> JobState:
+        """CREATED, RUNNING, RESTARTING, FINISHED, FAILED, CANCELLING or CANCELED; raises
+        Ray's ``GetTimeoutError`` when the job master does not answer within ``timeout``."""
         if self._result is not None:
             return JobState.FINISHED
         if self._state is not None:
             return self._state
         try:
-            return JobState(ray.get(self._master.status.remote())["state"])
+            return JobState(ray.get(self._master.status.remote(), timeout=timeout)["state"])
         except ray.exceptions.RayActorError:
             if self._cancel_requested:
                 return JobState.CANCELLING  # its job master is gone: being cleaned up
@@ -775,17 +776,7 @@ def start_run(
     config = settings.checkpoint_config
     lock = acquire_run_lock(job_name, settings.run_id)  # before choosing what to restore
     try:
-        if restore_from is not None:
-            where = f"restore_from={restore_from!r}"
-            if not config.is_checkpointing_enabled():
-                raise ValueError(
-                    f"{where}: restoring needs checkpointing (env.enable_checkpointing(...))"
-                )
-            settings.initial_restore = _load_restore(config, job_name, restore_from)
-            check_channel_state(graph, settings.initial_restore, where)
-            check_state_mapping(
-                plan, graph, settings.initial_restore, allow_non_restored_state, where
-            )
+        _load_initial_restore(graph, settings, restore_from, plan, allow_non_restored_state)
         if config.is_checkpointing_enabled():
             jobs = JobStorage(config.checkpoint_storage, job_name, config.storage_options)
             source = settings.initial_restore.run_id if settings.initial_restore else None
@@ -799,6 +790,68 @@ def start_run(
         raise
     client._guarantees = _guarantee_words(graph)
     return client
+
+
+def _load_initial_restore(
+    graph: JobGraph,
+    settings: JobSettings,
+    restore_from: str | None,
+    plan: LogicalPlan | None,
+    allow_non_restored_state: bool,
+) -> None:
+    """Load what the run starts from into ``settings.initial_restore`` (checked against
+    the graph)."""
+    if restore_from is None:
+        return
+    config = settings.checkpoint_config
+    where = f"restore_from={restore_from!r}"
+    if not config.is_checkpointing_enabled():
+        raise ValueError(f"{where}: restoring needs checkpointing (env.enable_checkpointing(...))")
+    settings.initial_restore = _load_restore(config, settings.job_name, restore_from)
+    check_channel_state(graph, settings.initial_restore, where)
+    check_state_mapping(plan, graph, settings.initial_restore, allow_non_restored_state, where)
+
+
+def clean_up_lost_run(
+    graph: JobGraph,
+    settings: JobSettings,
+    restore_from: str | None,
+    plan: LogicalPlan | None = None,
+    allow_non_restored_state: bool = False,
+) -> None:
+    """Clean up a run whose job master was lost with the process that ran it (a detached
+    job's host) as a cancel does: a job master that only cleans up, committing what the
+    run's completed checkpoints hold and aborting every other open transaction. Takes the
+    job name's run lock for the run again (:class:`ConcurrentRunError` when another run
+    holds it: that run recovers the transactions) and releases it once done. The caller
+    makes sure no actor of the lost job master is left."""
+    job_name = settings.job_name
+    config = settings.checkpoint_config
+    storage = settings.storage()
+    lock = acquire_run_lock(job_name, settings.run_id)
+    try:
+        _load_initial_restore(graph, settings, restore_from, plan, allow_non_restored_state)
+        jobs = JobStorage(config.checkpoint_storage, job_name, config.storage_options)
+        settings.first_checkpoint_id = jobs.max_checkpoint_id() + 1
+        for spec in graph.sink_specs():
+            spec.sink.setup(job_name, spec.guarantee)
+        state = _retry(storage.read_job_state, f"job {job_name!r}: reading its state")
+        supervisor = RestartSupervisor(state or settings.new_supervisor().state)
+        supervisor.begin_clean_up()
+        settings.supervisor = supervisor.snapshot()
+        settings.cancel_requested = True
+        _retry(
+            lambda: storage.write_job_state(settings.supervisor),
+            f"job {job_name!r}: recording its state",
+        )
+        client = JobClient(job_name, settings.job_id, graph, settings, lock)
+    except BaseException:
+        release_run_lock(lock)
+        raise
+    try:
+        client.wait()
+    except JobCancelledError:
+        pass  # cleaned up
 
 
 def _load_restore(config: CheckpointConfig, job_name: str, restore_from: str) -> CheckpointMetadata:
@@ -1200,6 +1253,19 @@ class StreamExecutionEnvironment:
         warning), new operators start empty, and state that no operator takes fails the
         start unless ``allow_non_restored_state`` drops it.
         """
+        return self._start(
+            job_name, restore_from, allow_non_restored_state, detached.is_requested()
+        )
+
+    def _start(
+        self,
+        job_name: str,
+        restore_from: str | None,
+        allow_non_restored_state: bool,
+        detach: bool,
+    ) -> JobClient:
+        """Start the job here, or (``detach``) submit it detached: raises
+        :class:`~rayflow.detached.JobDetached` once it is."""
         graph = self.get_job_graph()
         if not graph.vertices:
             raise ValueError("execute: the job has no operators; add a source and a sink")
@@ -1227,7 +1293,7 @@ class StreamExecutionEnvironment:
         if self._preflight_checks:
             preflight.check_job(job_name, graph, config)  # before Ray starts
         ensure_ray()
-        if detached.is_requested():
+        if detach:
             job = detached.submit(
                 graph,
                 settings,
@@ -1255,12 +1321,13 @@ class StreamExecutionEnvironment:
         """Start the job as a detached job and return a handle on it at once: it runs on
         the Ray cluster of ``RAY_ADDRESS`` after this process exits (see
         :mod:`rayflow.detached`; ``rayflow jobs`` lists, inspects and cancels it)."""
-        with detached.requested():
-            try:
-                self.execute_async(job_name, restore_from, allow_non_restored_state)
-            except detached.JobDetached as submitted:
-                return submitted.job
-        raise AssertionError("execute_async returned without submitting the detached job")
+        try:
+            # not through detached.requested(): that is the whole process's, and another
+            # thread may be starting a job of its own meanwhile
+            self._start(job_name, restore_from, allow_non_restored_state, detach=True)
+        except detached.JobDetached as submitted:
+            return submitted.job
+        raise AssertionError("_start returned without submitting the detached job")
 
     def execute(
         self,

@@ -17,7 +17,13 @@ from ray.exceptions import GetTimeoutError, RayActorError
 
 from rayflow.errors import ConcurrentRunError
 
-__all__ = ["ConcurrentRunError", "acquire_run_lock", "release_run_lock", "release_run_lock_of"]
+__all__ = [
+    "ConcurrentRunError",
+    "acquire_run_lock",
+    "release_run_lock",
+    "release_run_lock_held_by",
+    "release_run_lock_of",
+]
 
 NAMESPACE = "rayflow"
 
@@ -83,6 +89,16 @@ async def release_run_lock_of(job_name: str, run_id: str) -> None:
     try:
         lock = ray.get_actor(_lock_name(job_name), namespace=NAMESPACE)
         if await asyncio.wait_for(lock.holder.remote(), timeout=10) == run_id:
+            release_run_lock(lock)
+    except Exception:  # noqa: BLE001 - no lock, or already going
+        pass
+
+
+def release_run_lock_held_by(job_name: str, run_id: str) -> None:
+    """Release the job name's lock if ``run_id`` holds it (from a driver or a thread)."""
+    try:
+        lock = ray.get_actor(_lock_name(job_name), namespace=NAMESPACE)
+        if ray.get(lock.holder.remote(), timeout=10) == run_id:
             release_run_lock(lock)
     except Exception:  # noqa: BLE001 - no lock, or already going
         pass

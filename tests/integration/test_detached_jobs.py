@@ -262,3 +262,40 @@ def test_a_finished_detached_job_shows_its_outcome_until_removed(tmp_path):
     finally:
         job.remove()
     assert _until(lambda: not _host_there(name), 30, "the job host to go")
+
+
+def test_a_lost_job_host_of_a_job_whose_driver_exited_shows_it_failed(tmp_path):
+    """The job host's process dies after the submitting driver exited: Ray restarts the
+    host (its job is gone), which shows the job FAILED, nothing of it left running."""
+    from rayflow import detached
+
+    address = ray.get_runtime_context().gcs_address
+    name = f"detached-host-lost-{time.time_ns()}"
+    out, chk = tmp_path / "out", tmp_path / "chk"
+    script = tmp_path / "job.py"
+    script.write_text(JOB)
+    submitted = _rayflow(
+        "run", "--detach", "--address", address, str(script), str(out), str(chk), name
+    )
+    assert submitted.returncode == 0, submitted.stderr
+    job = detached.find(name)
+    try:
+        _until(lambda: job.status()["state"] == "RUNNING" and job.checkpoints(), 120, "running")
+        ray.kill(job.host, no_restart=False)  # its process dies
+        _until(
+            lambda: _host_there(name) and detached.find(name).status()["state"] == "FAILED",
+            60,
+            "the job shown FAILED",
+        )
+        assert _until(
+            lambda: not _job_actors(job.job_id) and not job_placement_groups(job.job_id),
+            30,
+            "the job's actors and placement group to go",
+        )
+        assert not _run_lock_held(name)
+        status = _rayflow("jobs", "status", name, "--address", address)
+        assert status.returncode == 1 and f"job {name!r}: FAILED" in status.stdout
+        assert "job host was lost" in status.stdout
+    finally:
+        if _host_there(name):
+            ray.kill(ray.get_actor(name, namespace="rayflow-jobs"), no_restart=True)
