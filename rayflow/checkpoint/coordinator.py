@@ -422,16 +422,18 @@ class CheckpointCoordinator:
         self._record(pending, CheckpointStatus.COMPLETED, None, completed_at)
         if pending.final:
             self._final_done = True  # nothing is triggered after it, not while exporting
+        named = self._named_tasks()
+        n = self._checkpoints_this_attempt
         if pending.savepoint is not None and pending.savepoint.stop:
+            self.hooks.at(HookPoint.JOB_MASTER_BEFORE_STOP_RECORD, n, named)
             self.stopped_at = cid
             if self.on_stopped is not None:
                 await self.on_stopped(cid)
         if pending.savepoint is not None:
             # Before the notification: a stopped job's subtasks finish on it, and the
             # savepoint's transactions are committed only once it is written (or failed).
+            self.hooks.at(HookPoint.JOB_MASTER_BEFORE_SAVEPOINT_WRITE, n, named)
             await self._write_savepoint(pending, metadata)
-        named = self._named_tasks()
-        n = self._checkpoints_this_attempt
         self.hooks.at(HookPoint.JOB_MASTER_BEFORE_NOTIFY, n, named)
         self.hooks.at(HookPoint.BEFORE_NOTIFY, n, named)
         self._notify_complete(cid, final=pending.final)

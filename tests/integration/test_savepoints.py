@@ -265,8 +265,9 @@ def test_a_failure_after_the_stop_savepoint_completed_still_stops_the_job(tmp_pa
 
 def test_a_job_master_lost_after_the_stop_savepoint_completed_still_stops_the_job(tmp_path):
     """The job master dies after the stop's savepoint completed (recorded in the run's
-    state) and before any subtask heard of it: the job master that takes over stops the
-    job too, instead of reading on."""
+    state, its directory written) and before any subtask heard of it: the job master that
+    takes over stops the job too, instead of reading on, and stop_with_savepoint returns
+    the savepoint."""
     env = build(tmp_path, 1)
     env.enable_checkpointing(600_000)  # only savepoints take checkpoints
     inject_faults(env, FaultPlan([Fault(FaultPoint.JOB_MASTER_BEFORE_NOTIFY)]))
@@ -277,12 +278,12 @@ def test_a_job_master_lost_after_the_stop_savepoint_completed_still_stops_the_jo
         if generated >= 300:
             break
         time.sleep(0.1)
-    with pytest.raises(SavepointError, match="job master was lost"):
-        client.stop_with_savepoint(str(tmp_path / "sp"), timeout=90)
+    path = client.stop_with_savepoint(str(tmp_path / "sp"), timeout=90)
     result = client.wait(90)
     assert result.job_master_restarts == 1
     (name,) = os.listdir(tmp_path / "sp")
-    saved = CheckpointMetadata.from_bytes(open(tmp_path / "sp" / name / "_metadata", "rb").read())
+    assert path == str(tmp_path / "sp" / name)
+    saved = saved_metadata(path)
     assert result.restored_from == saved.checkpoint_id
     values = check_exactly_once(tmp_path)
     made = sum(s.made for splits in saved.source_splits.values() for s in splits)
@@ -317,3 +318,80 @@ def test_a_trigger_that_arrives_after_its_abort_does_not_stop_a_source(tmp_path)
     assert produced() >= before + 200, "the source stopped at a stale trigger"
     client.stop_with_savepoint(str(tmp_path / "sp"), timeout=60)
     check_exactly_once(tmp_path)
+
+
+def generated_records(client) -> int:
+    try:
+        return sum(m["records_out"] for m in client.metrics() if m["vertex"].startswith("gen"))
+    except Exception:  # noqa: BLE001 - the job master is being replaced
+        return 0
+
+
+def wait_generated(client, at_least: int, timeout_s: float = 60) -> None:
+    deadline = time.time() + timeout_s
+    while generated_records(client) < at_least and time.time() < deadline:
+        time.sleep(0.1)
+    assert generated_records(client) >= at_least, "the sources did not read"
+
+
+def saved_metadata(path: str) -> CheckpointMetadata:
+    with open(os.path.join(path, "_metadata"), "rb") as f:
+        return CheckpointMetadata.from_bytes(f.read())
+
+
+def test_a_job_master_lost_before_the_stop_savepoint_is_written_still_writes_it(tmp_path):
+    """The job master dies after the stop's commit point, with the stop recorded, before
+    the savepoint's directory is written: the job master that takes over writes it from
+    the checkpoint, the job stops, and stop_with_savepoint returns a savepoint that
+    restores exactly once."""
+    job = f"stop-before-write-{time.time_ns()}"
+    env = build(tmp_path, 1)
+    env.enable_checkpointing(600_000)  # only savepoints take checkpoints
+    inject_faults(env, FaultPlan([Fault(FaultPoint.JOB_MASTER_BEFORE_SAVEPOINT_WRITE)]))
+    client = env.execute_async(job)
+    wait_generated(client, 300)
+    path = client.stop_with_savepoint(str(tmp_path / "sp"), timeout=90)
+    result = client.wait(90)
+    assert result.job_master_restarts == 1
+    saved = saved_metadata(path)
+    assert saved.savepoint and all("/" not in e.path for e in saved.subtasks.values())
+    assert result.restored_from == saved.checkpoint_id
+    values = check_exactly_once(tmp_path)
+    made = sum(s.made for splits in saved.source_splits.values() for s in splits)
+    assert len(values) == made
+
+    # self-contained: it restores with the run's checkpoints gone, exactly once across
+    shutil.rmtree(tmp_path / "chk")
+    client2 = build(tmp_path, 1).execute_async(job, restore_from=path)
+    wait_for_records(tmp_path, made + 300)
+    client2.stop_with_savepoint(str(tmp_path / "sp2"), timeout=90)
+    assert client2.wait(90).restored_from == saved.checkpoint_id
+    assert len(check_exactly_once(tmp_path)) > made
+
+
+def test_a_job_master_lost_before_the_stop_is_recorded_says_the_job_goes_on(tmp_path):
+    """The job master dies after the stop's commit point, before the stop is recorded in
+    the run's state: the job master that takes over resumes the job from that checkpoint
+    (its transactions committed once), the stop fails saying the job goes on, and no
+    savepoint is reported; a second stop is exactly once."""
+    env = build(tmp_path, 1)
+    env.enable_checkpointing(600_000)  # only savepoints take checkpoints
+    inject_faults(env, FaultPlan([Fault(FaultPoint.JOB_MASTER_BEFORE_STOP_RECORD)]))
+    client = env.execute_async(f"stop-before-record-{time.time_ns()}")
+    wait_generated(client, 300)
+    with pytest.raises(SavepointError, match="the job goes on"):
+        client.stop_with_savepoint(str(tmp_path / "sp"), timeout=90)
+    assert client.get_job_status() in (JobState.RUNNING, JobState.RESTARTING)
+    assert not any(
+        os.path.exists(os.path.join(tmp_path / "sp", n, "_metadata"))
+        for n in (os.listdir(tmp_path / "sp") if os.path.isdir(tmp_path / "sp") else [])
+    ), "a savepoint was written for a stop that did not happen"
+    before = generated_records(client)
+    wait_generated(client, before + 300)  # the job reads on
+    path = client.stop_with_savepoint(str(tmp_path / "sp"), timeout=90)
+    result = client.wait(90)
+    assert result.job_master_restarts == 1
+    saved = saved_metadata(path)
+    values = check_exactly_once(tmp_path)
+    made = sum(s.made for splits in saved.source_splits.values() for s in splits)
+    assert len(values) == made
