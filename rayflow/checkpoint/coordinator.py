@@ -44,11 +44,14 @@ SubtaskKey = tuple[int, int]
 @dataclass
 class SavepointRequest:
     """A savepoint asked for: written to ``target`` (a parent directory); with ``stop``
-    the job stops at its barrier. ``done`` resolves to the savepoint's directory."""
+    the job stops at its barrier. ``done`` resolves to the savepoint's directory,
+    ``directory`` (named when it is triggered: a stop records it, so that a job master
+    taking over writes it if this one could not)."""
 
     target: str
     stop: bool
     done: asyncio.Future
+    directory: str | None = None
 
 
 @dataclass
@@ -155,10 +158,12 @@ class CheckpointCoordinator:
         latest: CompletedCheckpoint | None,
         run_id: str | None = None,
         failures: CheckpointFailureManager | None = None,
-        on_stopped: Callable[[int], Awaitable[None]] | None = None,
+        on_stopped: Callable[[int, str], Awaitable[None]] | None = None,
     ) -> None:
-        """``on_stopped(checkpoint_id)`` is awaited when a stop-with-savepoint completed,
-        before any subtask hears of it (the job master records it durably)."""
+        """``on_stopped(checkpoint_id, directory)`` is awaited when a stop-with-savepoint
+        completed, before its savepoint is written and before any subtask hears of it (the
+        job master records it durably; when it raises, the stop did not happen: the
+        attempt fails and the job goes on from that checkpoint)."""
         self.job_name = job_name
         self.run_id = run_id
         self.config = config
@@ -288,6 +293,10 @@ class CheckpointCoordinator:
                 await asyncio.to_thread(self.ids.reserve)
             cid = self.ids.take()
             now = time.time()
+            if savepoint is not None:
+                from rayflow.checkpoint.savepoint import savepoint_directory
+
+                savepoint.directory = savepoint_directory(savepoint.target, cid)
             final = final or (savepoint is not None and savepoint.stop)
             self.pending = PendingCheckpoint(cid, now, final, set(self.tasks), savepoint=savepoint)
             self._timeout_task = asyncio.ensure_future(self._expire(cid))
@@ -428,7 +437,18 @@ class CheckpointCoordinator:
             self.hooks.at(HookPoint.JOB_MASTER_BEFORE_STOP_RECORD, n, named)
             self.stopped_at = cid
             if self.on_stopped is not None:
-                await self.on_stopped(cid)
+                try:
+                    await self.on_stopped(cid, pending.savepoint.directory or "")
+                except Exception as exc:  # noqa: BLE001 - not stopped: the job goes on
+                    # Nobody heard of the checkpoint yet: the attempt fails and the next
+                    # one restores it as a checkpoint (committing its transactions once)
+                    # and reads on. Stopping without the stop recorded could not be
+                    # undone: a job master taking over would read on past the savepoint.
+                    self.stopped_at = None
+                    reason = f"the stop could not be recorded ({type(exc).__name__}: {exc})"
+                    self._fail_savepoint(pending, reason)
+                    self.on_failure(RuntimeError(f"stop with savepoint {cid}: {reason}"))
+                    return
         if pending.savepoint is not None:
             # Before the notification: a stopped job's subtasks finish on it, and the
             # savepoint's transactions are committed only once it is written (or failed).
@@ -458,7 +478,7 @@ class CheckpointCoordinator:
         request = pending.savepoint
         assert request is not None
         cid = pending.checkpoint_id
-        directory = savepoint_directory(request.target, cid)
+        directory = request.directory or savepoint_directory(request.target, cid)
         self._exporting.add(cid)
         try:
             blobs: dict[SubtaskKey, bytes] = {}
@@ -480,8 +500,9 @@ class CheckpointCoordinator:
                     await asyncio.to_thread(write_savepoint, directory, metadata, blobs, options)
                     error = None
                     break
-                except SavepointError:
-                    directory = savepoint_directory(request.target, cid)
+                except SavepointError as exc:
+                    error = exc  # another savepoint in its directory: never overwritten
+                    break
                 except Exception as exc:  # noqa: BLE001 - storage may fail for a moment
                     error = exc
                     await asyncio.sleep(pause)
