@@ -21,7 +21,7 @@ from rayflow.checkpoint.metadata import CheckpointMetadata
 from rayflow.checkpoint.state_mapping import MissingUidWarning
 from rayflow.cli import main as cli_main
 from rayflow.datagen import DataGeneratorSource
-from rayflow.errors import SavepointError
+from rayflow.errors import JobFailedError, SavepointError
 from rayflow.status import JobState
 from rayflow.testing import Fault, FaultPlan, FaultPoint, inject_faults, wait_for_checkpoints
 from sinks.files import FileSink
@@ -395,3 +395,28 @@ def test_a_job_master_lost_before_the_stop_is_recorded_says_the_job_goes_on(tmp_
     values = check_exactly_once(tmp_path)
     made = sum(s.made for splits in saved.source_splits.values() for s in splits)
     assert len(values) == made
+
+
+def test_a_savepoint_with_unreadable_state_fails_the_restore_at_once_naming_it(tmp_path):
+    """A blob of the savepoint is of a state format this rayflow does not know (written by
+    a newer one, or damaged): no restart can read it, so the restored job fails at once
+    with an error naming the blob's operators, instead of restarting forever."""
+    job = f"unreadable-{time.time_ns()}"
+    client = build(tmp_path, 1).execute_async(job)
+    assert wait_for_checkpoints(client, 1, timeout_s=60) >= 1
+    path = client.trigger_savepoint(str(tmp_path / "sp"))
+    assert client.cancel()
+    saved = saved_metadata(path)
+    (entry,) = [e for k, e in saved.subtasks.items() if "Sum" in e.vertex and k[1] == 0]
+    blob = bytearray(open(os.path.join(path, entry.path), "rb").read())
+    header = b"RAYFLOW-STATE\n"
+    at = blob.find(header)
+    assert at >= 0
+    blob[at + len(header)] = 9  # a format version from the future
+    with open(os.path.join(path, entry.path), "wb") as f:
+        f.write(bytes(blob))
+    client = build(tmp_path, 1).execute_async(job, restore_from=path)
+    with pytest.raises(JobFailedError, match=r"(?s)state format version 9.*Sum"):
+        client.wait(60)
+    (entry,) = client.failure_history()
+    assert entry.count == 1, "it restarted on state it cannot read"

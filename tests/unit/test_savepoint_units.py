@@ -60,6 +60,21 @@ def test_an_unknown_state_version_is_a_clear_error():
         decode_operator_states(b"garbage", "x")
 
 
+def test_damaged_state_is_an_error_naming_its_operators_that_no_restart_fixes():
+    from rayflow.recoverability import classify
+
+    names = {"sum": "Running sum", "map": "Tag"}
+    blob = bytearray(encode_operator_states({"sum": 1}))
+    blob[len(b"RAYFLOW-STATE\n")] = 9
+    with pytest.raises(StateFormatError, match=r"a0-v1-s0.state \(read for .*'Running sum'"):
+        decode_operator_states(bytes(blob), "a0-v1-s0.state", names)
+    # with in-flight data around it (unaligned checkpoints), torn
+    framed = encode_snapshot(encode_operator_states({"sum": 1}), {})
+    with pytest.raises(StateFormatError, match=r"(?s)'Tag'.*cannot be read") as damaged:
+        decode_snapshot(framed[: len(framed) // 2], "a0-v1-s0.state", names)
+    assert classify(damaged.value) is not None  # not recoverable: the job fails at once
+
+
 def test_state_of_a_class_that_is_gone_names_the_operator_and_only_fails_when_read():
     module = types.ModuleType("gone_module")
 
