@@ -22,6 +22,7 @@ from rayflow.checkpoint.state_mapping import MissingUidWarning
 from rayflow.cli import main as cli_main
 from rayflow.datagen import DataGeneratorSource
 from rayflow.errors import JobFailedError, SavepointError
+from rayflow.runtime.hooks import HookPoint, MasterHooks, RuntimeHooks
 from rayflow.status import JobState
 from rayflow.testing import Fault, FaultPlan, FaultPoint, inject_faults, wait_for_checkpoints
 from sinks.files import FileSink
@@ -420,3 +421,68 @@ def test_a_savepoint_with_unreadable_state_fails_the_restore_at_once_naming_it(t
         client.wait(60)
     (entry,) = client.failure_history()
     assert entry.count == 1, "it restarted on state it cannot read"
+
+
+class _UnwritableStopRecord(MasterHooks):
+    def __init__(self, storage: str) -> None:
+        self.storage = storage
+        self.broken = False
+
+    def at(self, point, checkpoint, subtasks) -> bool:
+        import glob
+        import signal
+        import threading
+
+        if point is HookPoint.JOB_MASTER_BEFORE_STOP_RECORD:
+            (state,) = glob.glob(os.path.join(self.storage, "**", "_job_state"), recursive=True)
+            os.replace(state, state + ".kept")
+            os.mkdir(state)  # the run's state cannot be written over a directory
+            open(os.path.join(state, "x"), "w").close()
+
+            def mend() -> None:
+                shutil.rmtree(state)
+                os.replace(state + ".kept", state)
+
+            threading.Timer(3.0, mend).start()
+            self.broken = True
+        if point is HookPoint.JOB_MASTER_BEFORE_NOTIFY and self.broken:
+            os.kill(os.getpid(), signal.SIGKILL)  # whatever went on, it is lost now
+        return True
+
+
+class UnwritableStopRecord(RuntimeHooks):
+    """Attempt 0: the run's state cannot be written when the stop is to be recorded (for
+    3 s); if the job master goes on to notify the subtasks anyway, it dies there."""
+
+    def __init__(self, storage: str) -> None:
+        self.storage = storage
+
+    def for_job_master(self, attempt: int) -> MasterHooks | None:
+        return _UnwritableStopRecord(self.storage) if attempt == 0 else None
+
+
+def test_a_stop_that_cannot_be_recorded_does_not_stop_the_job(tmp_path):
+    """The stop's checkpoint completed but the run's state cannot be written: the stop is
+    not recorded, so it must not happen (a job master taking over later would read on past
+    a savepoint whose output was committed). The attempt fails, the job goes on from that
+    checkpoint, no savepoint is reported, and a second stop is exactly once."""
+    env = build(tmp_path, 1)
+    env.enable_checkpointing(600_000)  # only savepoints take checkpoints
+    inject_faults(env, UnwritableStopRecord(str(tmp_path / "chk")))
+    client = env.execute_async(f"stop-unrecorded-{time.time_ns()}")
+    wait_generated(client, 300)
+    with pytest.raises(SavepointError, match="could not be recorded.*the job goes on"):
+        client.stop_with_savepoint(str(tmp_path / "sp"), timeout=90)
+    assert not any(
+        os.path.exists(os.path.join(tmp_path / "sp", n, "_metadata"))
+        for n in (os.listdir(tmp_path / "sp") if os.path.isdir(tmp_path / "sp") else [])
+    ), "a savepoint was written for a stop that did not happen"
+    before = generated_records(client)
+    wait_generated(client, before + 300)  # the job reads on
+    path = client.stop_with_savepoint(str(tmp_path / "sp"), timeout=90)
+    result = client.wait(90)
+    assert result.restarts >= 1
+    saved = saved_metadata(path)
+    values = check_exactly_once(tmp_path)
+    made = sum(s.made for splits in saved.source_splits.values() for s in splits)
+    assert len(values) == made
