@@ -141,8 +141,8 @@ class SubtaskDeployment:
     channel_bytes: int = DEFAULT_CHANNEL_BYTES
     #: the job's failure classifier (``rayflow.recoverability``), None: the default rules
     failure_classifier: Any = None
-    #: the job was stopped with a savepoint: a source reads nothing (it only waits for the
-    #: final checkpoint)
+    #: the job was stopped with a savepoint: a source reads nothing and no operator timer
+    #: fires (the attempt only waits for the final checkpoint)
     sources_stopped: bool = False
 
 
@@ -1068,7 +1068,10 @@ class SubtaskActor:
                 self._final_completed = True
             self._maybe_finish()
         elif isinstance(item, _OperatorTimer):
-            if item.attempt == self.attempt:
+            # In an attempt after a stop with savepoint no timer fires: the attempt only
+            # finishes, and what a timer emitted would be committed at its final checkpoint
+            # while a restore from the savepoint fires the same timer again.
+            if item.attempt == self.attempt and not self.d.sources_stopped:
                 self._current_operator = self.d.vertex.operators[item.position].name
                 produced = self.operators[item.position].on_timer(item.token)
                 for batch in produced or ():

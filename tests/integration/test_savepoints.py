@@ -22,6 +22,7 @@ from rayflow.checkpoint.state_mapping import MissingUidWarning
 from rayflow.cli import main as cli_main
 from rayflow.datagen import DataGeneratorSource
 from rayflow.errors import JobFailedError, SavepointError
+from rayflow.functions import KeyedProcessFunction
 from rayflow.runtime.hooks import HookPoint, MasterHooks, RuntimeHooks
 from rayflow.status import JobState
 from rayflow.testing import Fault, FaultPlan, FaultPoint, inject_faults, wait_for_checkpoints
@@ -486,3 +487,57 @@ def test_a_stop_that_cannot_be_recorded_does_not_stop_the_job(tmp_path):
     values = check_exactly_once(tmp_path)
     made = sum(s.made for splits in saved.source_splits.values() for s in splits)
     assert len(values) == made
+
+
+class Reminders(KeyedProcessFunction):
+    """Each key gets a processing-time timer a second or so after its records; a timer
+    that fires emits (key, its time) once."""
+
+    def process_element(self, value, ctx):
+        timers = ctx.timer_service()
+        timers.register_processing_time_timer((timers.current_processing_time() // 500 + 3) * 500)
+        return None
+
+    def on_timer(self, timestamp, ctx):
+        yield {"key": ctx.get_current_key(), "fired": timestamp}
+
+
+def build_reminders(tmp_path, plan=None):
+    env = StreamExecutionEnvironment.get_execution_environment().set_parallelism(P)
+    env.enable_checkpointing(600_000)  # only savepoints take checkpoints
+    env.get_checkpoint_config().set_checkpoint_storage(str(tmp_path / "chk"))
+    if plan is not None:
+        inject_faults(env, plan)
+    (
+        env.from_source(DataGeneratorSource(records_per_second=2000, batch_size=100), "gen")
+        .uid("gen")
+        .map_batches(with_key, name="with-key")
+        .uid("with-key")
+        .key_by("key")
+        .process(Reminders(), "reminders")
+        .uid("reminders")
+        .sink_to(FileSink(str(tmp_path / "fired"), "parquet"), name="fired")
+        .uid("fired")
+    )
+    return env
+
+
+def test_timers_do_not_fire_after_a_stop_into_output_the_savepoint_makes_again(tmp_path):
+    """The sink dies committing the stop's savepoint: the restarted attempt restores it
+    with its timers pending and only finishes. A timer that fired there would commit
+    output at the final checkpoint that a restore from the savepoint makes again."""
+    job = f"stop-timers-{time.time_ns()}"
+    plan = FaultPlan([Fault(FaultPoint.SINK_DURING_COMMIT, vertex="fired")])
+    client = build_reminders(tmp_path, plan).execute_async(job)
+    wait_generated(client, 400)
+    time.sleep(2.0)  # timers fired: the savepoint's transaction has output to commit
+    path = client.stop_with_savepoint(str(tmp_path / "sp"), timeout=90)
+    assert client.wait(90).restarts == 1
+    client2 = build_reminders(tmp_path).execute_async(job, restore_from=path)
+    wait_generated(client2, 400)
+    time.sleep(2.0)  # the savepoint's timers are due by now
+    client2.stop_with_savepoint(str(tmp_path / "sp2"), timeout=90)
+    fired = committed(tmp_path / "fired")
+    pairs = list(zip(fired.column("key").to_pylist(), fired.column("fired").to_pylist()))
+    assert len(pairs) > 0
+    assert len(set(pairs)) == len(pairs), "a timer's output was committed twice"
