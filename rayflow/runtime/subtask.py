@@ -87,6 +87,7 @@ from rayflow.runtime.operators import Operator, OperatorContext
 from rayflow.runtime.output import capture_stdout
 from rayflow.runtime.ray_metrics import EXPORT_INTERVAL_S, SubtaskMetricsExporter
 from rayflow.runtime.restore import StateHandle
+from rayflow.runtime.sink_operator import TwoPhaseCommitSinkOperator
 from rayflow.sources import SourceReader
 
 #: Concurrency group of control calls: never queued behind data pushes that wait for
@@ -1068,10 +1069,15 @@ class SubtaskActor:
                 self._final_completed = True
             self._maybe_finish()
         elif isinstance(item, _OperatorTimer):
-            # In an attempt after a stop with savepoint no timer fires: the attempt only
-            # finishes, and what a timer emitted would be committed at its final checkpoint
-            # while a restore from the savepoint fires the same timer again.
-            if item.attempt == self.attempt and not self.d.sources_stopped:
+            # In an attempt after a stop with savepoint no timer of a function fires: the
+            # attempt only finishes, and what a timer emitted would be committed at its
+            # final checkpoint while a restore from the savepoint fires the same timer
+            # again. A sink's commit retries go on (the attempt finishes after them).
+            operator = self.operators[item.position]
+            stopped = self.d.sources_stopped and not isinstance(
+                operator, TwoPhaseCommitSinkOperator
+            )
+            if item.attempt == self.attempt and not stopped:
                 self._current_operator = self.d.vertex.operators[item.position].name
                 produced = self.operators[item.position].on_timer(item.token)
                 for batch in produced or ():
