@@ -447,11 +447,27 @@ class JobClient:
             raise SavepointError(f"job {self.job_name!r} has ended: no savepoint")
         if "://" not in path:
             path = os.path.abspath(path)
+        request_id = uuid.uuid4().hex
         try:
-            return ray.get(self._master.trigger_savepoint.remote(path, stop), timeout=timeout)
+            return ray.get(
+                self._master.trigger_savepoint.remote(path, stop, request_id), timeout=timeout
+            )
         except ray.exceptions.GetTimeoutError:
+            # Withdrawn: the job must not stop, nor a savepoint appear, after this said
+            # there is none. One taken already stands: returned.
+            try:
+                taken = ray.get(self._master.withdraw_savepoint.remote(request_id), timeout=120)
+            except Exception as exc:  # noqa: BLE001 - the job master does not answer
+                raise JobWaitTimeout(
+                    f"job {self.job_name!r}: no savepoint after {timeout:g} s, and it could "
+                    f"not be withdrawn ({type(exc).__name__}): it may still be taken"
+                    + (" and stop the job" if stop else "")
+                ) from None
+            if taken is not None:
+                return taken
             raise JobWaitTimeout(
-                f"job {self.job_name!r}: no savepoint after {timeout:g} s"
+                f"job {self.job_name!r}: no savepoint after {timeout:g} s; the request was "
+                "withdrawn (its checkpoint, if started, aborted) and the job goes on"
             ) from None
         except ray.exceptions.RayActorError as exc:
             if stop:

@@ -52,6 +52,8 @@ class SavepointRequest:
     stop: bool
     done: asyncio.Future
     directory: str | None = None
+    #: its caller stopped waiting: never triggered from now on
+    withdrawn: bool = False
 
 
 @dataclass
@@ -196,6 +198,8 @@ class CheckpointCoordinator:
         self._background: set[asyncio.Task] = set()
         #: one trigger at a time (the periodic one and a savepoint's)
         self._trigger_lock = asyncio.Lock()
+        #: savepoint requests by the id their caller gave (to withdraw them), newest last
+        self._savepoints: collections.OrderedDict[str, SavepointRequest] = collections.OrderedDict()
         #: checkpoints being copied into savepoints: never subsumed meanwhile
         self._exporting: set[int] = set()
         self._closed = asyncio.Event()  # shut down: the attempt ended
@@ -291,6 +295,8 @@ class CheckpointCoordinator:
                 return None
             if self.ids.needs_reservation:
                 await asyncio.to_thread(self.ids.reserve)
+            if savepoint is not None and savepoint.withdrawn:
+                return None
             cid = self.ids.take()
             now = time.time()
             if savepoint is not None:
@@ -306,23 +312,27 @@ class CheckpointCoordinator:
                 )
             return cid
 
-    async def trigger_savepoint(self, target: str, stop: bool) -> str:
+    async def trigger_savepoint(
+        self, target: str, stop: bool, request_id: str | None = None
+    ) -> str:
         """Take a savepoint into a new directory under ``target`` once no checkpoint is
         pending (with ``stop``: the sources stop at its barrier, and every subtask finishes
         once it completes); returns the savepoint's directory. Its id comes from the
         run's counter like any checkpoint's; a failed savepoint is a failed checkpoint
-        that never counts against the tolerated checkpoint failures."""
+        that never counts against the tolerated checkpoint failures. ``request_id``
+        names it for :meth:`withdraw_savepoint`."""
         from rayflow.checkpoint.savepoint import SavepointError
 
         request = SavepointRequest(target, stop, asyncio.get_running_loop().create_future())
-        running = asyncio.ensure_future(self._all_running.wait())
-        closed = asyncio.ensure_future(self._closed.wait())
-        try:
-            await asyncio.wait({running, closed}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            running.cancel()
-            closed.cancel()
+        if request_id is not None:
+            self._savepoints[request_id] = request
+            while len(self._savepoints) > 100:  # the newest requests: any caller's is there
+                self._savepoints.popitem(last=False)
         while True:
+            if request.withdrawn:
+                raise SavepointError(
+                    f"job {self.job_name!r}: the savepoint was withdrawn before it was taken"
+                )
             if self._closed.is_set():
                 raise SavepointError(
                     f"job {self.job_name!r}: its attempt ended before the savepoint was "
@@ -333,10 +343,35 @@ class CheckpointCoordinator:
                     f"job {self.job_name!r} is finishing (its input ended, or it is being "
                     "stopped): no savepoint"
                 )
-            if self.pending is None and await self.trigger(savepoint=request) is not None:
+            if (
+                self._all_running.is_set()
+                and self.pending is None
+                and await self.trigger(savepoint=request) is not None
+            ):
                 break
             await asyncio.sleep(0.01)
         return await request.done
+
+    async def withdraw_savepoint(self, request_id: str) -> str | None:
+        """Its caller stopped waiting for savepoint ``request_id``: never trigger it, and
+        abort its checkpoint if that is pending (a stop then does not happen: the job goes
+        on). Returns the savepoint's directory when it was taken anyway (it completed, or
+        every subtask had acknowledged it: it stands), else None."""
+        request = self._savepoints.pop(request_id, None)
+        if request is None:
+            return None
+        request.withdrawn = True
+        if request.directory is None:
+            return None  # never triggered, and never will be (trigger checks it)
+        pending = self.pending
+        if pending is not None and pending.savepoint is request:
+            await self._abort(
+                pending, CheckpointFailureReason.WITHDRAWN, "its caller stopped waiting for it"
+            )
+        try:
+            return await asyncio.shield(request.done)
+        except Exception:  # noqa: BLE001 - failed or aborted: no savepoint
+            return None
 
     def _fail_savepoint(self, pending: PendingCheckpoint, reason: str) -> None:
         request = pending.savepoint

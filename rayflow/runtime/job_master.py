@@ -237,6 +237,10 @@ class JobMaster:
             else None
         )
         self._looked_up_storage = False
+        #: savepoint requests by their caller's id: the coordinator that took each, and the
+        #: ids withdrawn (the newest, bounded)
+        self._asked: collections.OrderedDict[str, Any] = collections.OrderedDict()
+        self._withdrawn: collections.deque[str] = collections.deque(maxlen=100)
         self._cancelled = asyncio.Event()
         if settings.cancel_requested:
             self._cancelled.set()
@@ -338,7 +342,9 @@ class JobMaster:
     async def cancel(self) -> None:
         self._cancelled.set()
 
-    async def trigger_savepoint(self, target: str, stop: bool = False) -> str:
+    async def trigger_savepoint(
+        self, target: str, stop: bool = False, request_id: str | None = None
+    ) -> str:
         """Take a savepoint under ``target`` (with ``stop``: and stop the job at it, Flink's
         stop-with-savepoint); returns the savepoint's directory. Raises
         :class:`~rayflow.checkpoint.savepoint.SavepointError` when it fails (the job then
@@ -353,8 +359,25 @@ class JobMaster:
         while self.coordinator is None:  # deploying, or between attempts
             if self._ended.is_set() or self._cancelled.is_set():
                 raise SavepointError(f"job {self.settings.job_name!r} is not running")
+            if request_id is not None and request_id in self._withdrawn:
+                raise SavepointError(f"job {self.settings.job_name!r}: savepoint withdrawn")
             await asyncio.sleep(0.05)
-        return await self.coordinator.trigger_savepoint(target, stop)
+        coordinator = self.coordinator
+        if request_id is not None:
+            self._asked[request_id] = coordinator
+            while len(self._asked) > 100:  # the newest requests: any caller's is there
+                self._asked.popitem(last=False)
+        return await coordinator.trigger_savepoint(target, stop, request_id)
+
+    async def withdraw_savepoint(self, request_id: str) -> str | None:
+        """The caller of ``trigger_savepoint(..., request_id)`` stopped waiting: the
+        savepoint is not taken (a stop does not happen) unless it was taken already;
+        returns its directory then, else None."""
+        self._withdrawn.append(request_id)
+        coordinator = self._asked.pop(request_id, None)
+        if coordinator is None:
+            return None
+        return await coordinator.withdraw_savepoint(request_id)
 
     # --- calls from subtasks ------------------------------------------------------------
 

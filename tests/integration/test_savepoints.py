@@ -541,3 +541,37 @@ def test_timers_do_not_fire_after_a_stop_into_output_the_savepoint_makes_again(t
     pairs = list(zip(fired.column("key").to_pylist(), fired.column("fired").to_pylist()))
     assert len(pairs) > 0
     assert len(set(pairs)) == len(pairs), "a timer's output was committed twice"
+
+
+def test_a_stop_with_savepoint_that_times_out_is_withdrawn_and_the_job_goes_on(tmp_path):
+    """The stop's checkpoint is slow (a subtask stalls after its snapshot) and the caller
+    gives up waiting: the stop is withdrawn (its checkpoint aborted), so the job does not
+    stop later with a savepoint nobody was told of; the job reads on, and a second stop
+    is exactly once."""
+    from rayflow.environment import JobWaitTimeout
+
+    env = build(tmp_path, 1)
+    env.enable_checkpointing(600_000)  # only savepoints take checkpoints
+    env.get_checkpoint_config().set_checkpoint_timeout(120_000)
+    inject_faults(
+        env,
+        FaultPlan([Fault(FaultPoint.AFTER_SNAPSHOT, vertex="Sum", action="sleep", seconds=4)]),
+    )
+    client = env.execute_async(f"stop-slow-{time.time_ns()}")
+    wait_generated(client, 200)
+    with pytest.raises(JobWaitTimeout, match="withdrawn"):
+        client.stop_with_savepoint(str(tmp_path / "sp"), timeout=1.5)
+    time.sleep(4.0)  # the stalled subtask wakes up and acknowledges
+    assert client.get_job_status() is JobState.RUNNING
+    before = generated_records(client)
+    wait_generated(client, before + 200)  # the sources read again
+    assert not any(
+        os.path.exists(os.path.join(tmp_path / "sp", n, "_metadata"))
+        for n in (os.listdir(tmp_path / "sp") if os.path.isdir(tmp_path / "sp") else [])
+    ), "a withdrawn stop wrote a savepoint"
+    assert [c["status"] for c in client.checkpoints()] == ["FAILED"]
+    path = client.stop_with_savepoint(str(tmp_path / "sp"), timeout=90)
+    assert client.get_job_status() is JobState.FINISHED
+    saved = saved_metadata(path)
+    values = check_exactly_once(tmp_path)
+    assert len(values) == sum(s.made for splits in saved.source_splits.values() for s in splits)
