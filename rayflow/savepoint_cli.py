@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import uuid
 import re
 import sys
+import uuid
 from typing import Any
 
 __all__ = ["add_subcommand", "add_arguments", "find_job_master", "savepoint"]
