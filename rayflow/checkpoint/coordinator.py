@@ -516,18 +516,20 @@ class CheckpointCoordinator:
         directory = request.directory or savepoint_directory(request.target, cid)
         self._exporting.add(cid)
         try:
-            blobs: dict[SubtaskKey, bytes] = {}
-            for key, entry in metadata.subtasks.items():
-                blob = None
+
+            def blobs(key: SubtaskKey) -> bytes:
+                """One blob at a time (in the writing thread): the whole state is never
+                in this process at once."""
                 ref = pending.refs.get(key)
                 if ref is not None:
+                    import ray
+
                     try:
-                        blob = await asyncio.wait_for(ref, timeout=30)
+                        return ray.get(ref, timeout=30)
                     except Exception:  # noqa: BLE001 - from the durable tier then
-                        blob = None
-                if blob is None:
-                    blob = await asyncio.to_thread(self.storage.read_blob, entry.path)
-                blobs[key] = blob
+                        pass
+                return self.storage.read_blob(metadata.subtasks[key].path)
+
             options = self.config.storage_options if request.target.startswith("s3://") else {}
             error: BaseException | None = None
             for pause in (0.2, 1.0, 0.0):
