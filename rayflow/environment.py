@@ -378,7 +378,16 @@ class JobClient:
             directory = self._savepoint(path, stop=True, timeout=timeout)
         except _MasterLost as exc:
             return self._stop_after_master_loss(lost, exc, deadline)
-        self.wait(None if deadline is None else max(1.0, deadline - time.time()))
+        try:
+            self.wait(None if deadline is None else max(1.0, deadline - time.time()))
+        except JobWaitTimeout as slow:
+            # the stop happened: the caller must learn where its savepoint is
+            error = JobWaitTimeout(
+                f"{slow} (it was stopped with savepoint {directory}, which is complete; "
+                "the job is finishing: committing the savepoint's transactions)"
+            )
+            error.savepoint = directory
+            raise error from None
         return directory
 
     def _stop_after_master_loss(self, lost: Any, exc: BaseException, deadline: float | None) -> str:

@@ -575,3 +575,28 @@ def test_a_stop_with_savepoint_that_times_out_is_withdrawn_and_the_job_goes_on(t
     saved = saved_metadata(path)
     values = check_exactly_once(tmp_path)
     assert len(values) == sum(s.made for splits in saved.source_splits.values() for s in splits)
+
+
+def test_a_stop_whose_job_finishes_slowly_still_names_its_savepoint(tmp_path):
+    """The stop's savepoint is complete but the job does not finish within the caller's
+    timeout (a sink's final commit is slow): the timeout names the savepoint, which is
+    complete and restores, and the job finishes exactly once."""
+    from rayflow.environment import JobWaitTimeout
+
+    env = build(tmp_path, 1)
+    env.enable_checkpointing(600_000)  # only savepoints take checkpoints
+    plan = FaultPlan(
+        [Fault(FaultPoint.SINK_DURING_COMMIT, vertex="raw", action="sleep", seconds=12)]
+    )
+    inject_faults(env, plan)
+    client = env.execute_async(f"stop-slow-finish-{time.time_ns()}")
+    wait_generated(client, 300)
+    with pytest.raises(JobWaitTimeout, match="stopped with savepoint") as slow:
+        client.stop_with_savepoint(str(tmp_path / "sp"), timeout=6)
+    path = slow.value.savepoint
+    saved = saved_metadata(path)
+    assert saved.savepoint
+    client.wait(60)
+    assert client.get_job_status() is JobState.FINISHED
+    values = check_exactly_once(tmp_path)
+    assert len(values) == sum(s.made for splits in saved.source_splits.values() for s in splits)
