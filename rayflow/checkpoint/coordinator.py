@@ -686,6 +686,8 @@ class CheckpointCoordinator:
                 channel_state_size=info.get("channel_state_size", 0),
                 channel_state_batches=info.get("channel_state_batches", 0),
                 stateful_uids=tuple(stateful) if stateful is not None else None,
+                keyed_uids=tuple(info.get("keyed_uids") or ()),
+                max_parallelism=info.get("max_parallelism"),
             )
         return CheckpointMetadata(
             checkpoint_id=pending.checkpoint_id,

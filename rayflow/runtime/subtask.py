@@ -89,6 +89,7 @@ from rayflow.runtime.ray_metrics import EXPORT_INTERVAL_S, SubtaskMetricsExporte
 from rayflow.runtime.restore import StateHandle
 from rayflow.runtime.sink_operator import TwoPhaseCommitSinkOperator
 from rayflow.sources import SourceReader
+from rayflow.state import KeyedStateBackend
 
 #: Concurrency group of control calls: never queued behind data pushes that wait for
 #: buffer space (at high fan-in those could take every slot while a barrier is aligned).
@@ -1196,6 +1197,14 @@ class SubtaskActor:
             "size": len(blob),
             "uids": uids,
             "stateful_uids": [uid for uid in uids if snapshot[uid] is not None],
+            # keyed state is cut into key groups by the max parallelism
+            "keyed_uids": [
+                spec.uid
+                for spec, op in zip(self.d.vertex.operators, self.operators)
+                if isinstance(getattr(op, "backend", None), KeyedStateBackend)
+                and snapshot.get(spec.uid) is not None
+            ],
+            "max_parallelism": self.d.vertex.max_parallelism,
             "source_splits": splits,
             "unaligned": recorder is not None,
             "channel_state_size": 0,

@@ -600,3 +600,21 @@ def test_a_stop_whose_job_finishes_slowly_still_names_its_savepoint(tmp_path):
     assert client.get_job_status() is JobState.FINISHED
     values = check_exactly_once(tmp_path)
     assert len(values) == sum(s.made for splits in saved.source_splits.values() for s in splits)
+
+
+def test_a_restore_with_another_max_parallelism_is_refused_naming_the_operator(tmp_path):
+    """Keyed state is cut into key groups by the max parallelism: restored under another
+    one, keys would land in other groups (state dropped or given to the wrong subtask).
+    The start is refused naming the keyed operator; the same max parallelism restores."""
+    job = f"max-parallelism-{time.time_ns()}"
+    client = build(tmp_path, 1).execute_async(job)
+    assert wait_for_checkpoints(client, 1, timeout_s=60) >= 1
+    path = client.trigger_savepoint(str(tmp_path / "sp"))
+    assert client.cancel()
+    env = build(tmp_path, 1)
+    env.set_max_parallelism(64)
+    with pytest.raises(ValueError, match=r"(?s)'sum'.*max parallelism 128.*64"):
+        env.execute_async(job, restore_from=path)
+    client = build(tmp_path, 1).execute_async(job, restore_from=path)
+    assert wait_for_checkpoints(client, 1, timeout_s=60) >= 1
+    assert client.cancel()
