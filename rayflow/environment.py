@@ -181,6 +181,10 @@ class JobResult:
         return sum(m["records_in"] for m in self.metrics if m["vertex"].startswith(vertex_prefix))
 
 
+class _MasterLost(Exception):
+    """The job master was lost during a call (a stop with savepoint takes it over)."""
+
+
 class JobWaitTimeout(ray.exceptions.GetTimeoutError):
     """``JobClient.wait(timeout)`` ran out; the job keeps running. A ``TimeoutError`` (and,
     for code written against earlier versions, Ray's ``GetTimeoutError``)."""
@@ -220,6 +224,9 @@ class JobClient:
         self._state: JobState | None = None
         self._cancel_requested = False
         self._takeover = threading.Lock()  # one job master takeover at a time
+        #: (checkpoint id, savepoint directory) of the stop a lost job master had recorded,
+        #: read when a new one takes over
+        self._recorded_stop: tuple[int | None, str | None] | None = None
         self._clean_up_masters = 0
         self._failure: str | None = None
         self._outcome: BaseException | None = None
@@ -263,6 +270,11 @@ class JobClient:
         state = _retry(storage.read_job_state, f"job {self.job_name!r}: reading its state")
         if state is None:
             state = settings.supervisor or settings.new_supervisor().state
+        # a stop with savepoint the lost job master recorded (stop_with_savepoint asks)
+        self._recorded_stop = (
+            getattr(state, "stopped_at", None),
+            getattr(state, "stop_savepoint", None),
+        )
         supervisor = RestartSupervisor(state)
         if supervisor.job_state.is_terminal:
             # it ended before it died (its reply was lost with it): nothing to resume or
@@ -354,11 +366,89 @@ class JobClient:
         their last transactions once it completes, and every subtask finishes; returns the
         savepoint's directory once the job has ended (FINISHED). If the savepoint fails
         before it completes the job goes on, and this raises
-        :class:`~rayflow.errors.SavepointError`."""
+        :class:`~rayflow.errors.SavepointError`.
+
+        When the job master is lost meanwhile, a new one takes over here: if the lost one
+        had recorded the stop, the new one writes the savepoint (unless it was written)
+        and finishes the job, and this returns the savepoint; otherwise the job goes on
+        from its last checkpoint and this raises :class:`~rayflow.errors.SavepointError`
+        saying so."""
         deadline = None if timeout is None else time.time() + timeout
-        directory = self._savepoint(path, stop=True, timeout=timeout)
-        self.wait(None if deadline is None else max(1.0, deadline - time.time()))
+        lost = self._master
+        try:
+            directory = self._savepoint(path, stop=True, timeout=timeout)
+        except _MasterLost as exc:
+            return self._stop_after_master_loss(lost, exc, deadline)
+        try:
+            self.wait(None if deadline is None else max(1.0, deadline - time.time()))
+        except JobWaitTimeout as slow:
+            # the stop happened: the caller must learn where its savepoint is
+            error = JobWaitTimeout(
+                f"{slow} (it was stopped with savepoint {directory}, which is complete; "
+                "the job is finishing: committing the savepoint's transactions)"
+            )
+            error.savepoint = directory
+            raise error from None
         return directory
+
+    def _stop_after_master_loss(self, lost: Any, exc: BaseException, deadline: float | None) -> str:
+        """The job master ``lost`` was lost during a stop with savepoint: take it over, and
+        return the savepoint if it had recorded the stop; else raise (the job goes on)."""
+
+        def left() -> float | None:
+            return None if deadline is None else max(1.0, deadline - time.time())
+
+        try:
+            while self._master is lost and self._result is None and self._outcome is None:
+                try:
+                    self.wait(min(POLL_S, left() or POLL_S))
+                except JobWaitTimeout:
+                    if deadline is not None and time.time() >= deadline:
+                        raise
+            stopped_at, directory = self._recorded_stop or self._stop_in_storage()
+            if stopped_at is None or directory is None:
+                if self._result is not None or self._state is JobState.FINISHED:
+                    raise SavepointError(
+                        f"job {self.job_name!r}: its job master was lost during the stop with "
+                        f"savepoint ({exc}), and the job ended before the stop: no savepoint"
+                    )
+                raise SavepointError(
+                    f"job {self.job_name!r}: its job master was lost before the stop with "
+                    f"savepoint completed ({exc}); no savepoint was taken, and the job goes on "
+                    "from its last checkpoint under a new job master (stop it again)"
+                )
+            self.wait(left())
+        except JobResultLostError:
+            # the lost job master had finished the job: the stop happened if it recorded it
+            stopped_at, directory = self._recorded_stop or self._stop_in_storage()
+            if stopped_at is None or directory is None:
+                raise
+        except (JobFailedError, JobCancelledError) as ended:
+            raise SavepointError(
+                f"job {self.job_name!r}: its job master was lost during the stop with "
+                f"savepoint, and the job then ended: {ended}"
+            ) from None
+        if not is_savepoint(directory, self._savepoint_options(directory)):
+            raise SavepointError(
+                f"job {self.job_name!r} stopped at checkpoint {stopped_at}, but its savepoint "
+                f"could not be written to {directory!r} after its job master was lost; the "
+                f"same state is checkpoint {stopped_at} of run {self.run_id}, which "
+                "restore_from accepts while it is retained"
+            )
+        return directory
+
+    def _stop_in_storage(self) -> tuple[int | None, str | None]:
+        """The stop with savepoint recorded in the run's state (a job that ended without
+        a job master takeover: its state is final)."""
+        try:
+            state = self._settings.storage().read_job_state()
+        except Exception:  # noqa: BLE001 - then none is known
+            state = None
+        return getattr(state, "stopped_at", None), getattr(state, "stop_savepoint", None)
+
+    def _savepoint_options(self, directory: str) -> dict[str, Any]:
+        options = self._settings.checkpoint_config.storage_options
+        return dict(options or {}) if directory.startswith("s3://") else {}
 
     def _savepoint(self, path: str, stop: bool, timeout: float | None) -> str:
         if not isinstance(path, str) or not path:
@@ -367,15 +457,35 @@ class JobClient:
             raise SavepointError(f"job {self.job_name!r} has ended: no savepoint")
         if "://" not in path:
             path = os.path.abspath(path)
+        request_id = uuid.uuid4().hex
         try:
-            return ray.get(self._master.trigger_savepoint.remote(path, stop), timeout=timeout)
+            return ray.get(
+                self._master.trigger_savepoint.remote(path, stop, request_id), timeout=timeout
+            )
         except ray.exceptions.GetTimeoutError:
+            # Withdrawn: the job must not stop, nor a savepoint appear, after this said
+            # there is none. One taken already stands: returned.
+            try:
+                taken = ray.get(self._master.withdraw_savepoint.remote(request_id), timeout=120)
+            except Exception as exc:  # noqa: BLE001 - the job master does not answer
+                raise JobWaitTimeout(
+                    f"job {self.job_name!r}: no savepoint after {timeout:g} s, and it could "
+                    f"not be withdrawn ({type(exc).__name__}): it may still be taken"
+                    + (" and stop the job" if stop else "")
+                ) from None
+            if taken is not None:
+                return taken
             raise JobWaitTimeout(
-                f"job {self.job_name!r}: no savepoint after {timeout:g} s"
+                f"job {self.job_name!r}: no savepoint after {timeout:g} s; the request was "
+                "withdrawn (its checkpoint, if started, aborted) and the job goes on"
             ) from None
         except ray.exceptions.RayActorError as exc:
+            if stop:
+                raise _MasterLost(str(exc).strip().splitlines()[0] if str(exc) else "") from None
             raise SavepointError(
-                f"job {self.job_name!r}: its job master was lost during the savepoint ({exc})"
+                f"job {self.job_name!r}: its job master was lost during the savepoint ({exc}); "
+                "the job goes on from its last checkpoint under a new job master once this "
+                "client waits for it"
             ) from None
         except Exception as exc:  # noqa: BLE001 - the cause, not Ray's wrapper
             raise _unwrap(exc) from None

@@ -12,8 +12,12 @@ failures and restarts, and a file read in part resumes at its row.
 
 Files should appear whole: written elsewhere (or under a hidden ``.``/``_`` name) and
 then moved or renamed in, as Flink expects too; an object store's PUT is whole already.
-A file is known by its path: one changed after it was read is not read again. The set of
-read paths grows with the files seen (as in Flink's enumerator state).
+A file written in place is read once it has settled: only a file whose size and
+modification time are the same in two listings in a row is read (a file still being
+written when it is listed would otherwise be read in part, its rest never). A writer
+that pauses longer than the interval still needs the rename. A file is known by its
+path: one changed after it was read is not read again. The set of read paths grows with
+the files seen (as in Flink's enumerator state).
 """
 
 from __future__ import annotations
@@ -67,6 +71,8 @@ class MonitoringFileReader(SourceReader):
         self._next_listing = 0.0
         self._queue: dict[str, list[str]] = {s.split_id: [] for s in self._splits}
         self._open: tuple[str, pa.Table] | None = None
+        #: path -> (size, mtime) at the last listing: a file is read once it settled
+        self._listed: dict[str, tuple[int, int]] = {}
 
     def read_batch(self) -> pa.RecordBatch | None:
         for split in self._splits:
@@ -88,7 +94,9 @@ class MonitoringFileReader(SourceReader):
         if not self._splits:
             return False
         found = False
-        paths = self._source.list_paths(missing_ok=True)
+        listed = dict(self._source.list_files(missing_ok=True))
+        paths = [p for p, stamp in listed.items() if self._listed.get(p) == stamp]
+        self._listed = listed  # the files there now: as many as the directory holds
         for split in self._splits:
             queued = set(self._queue[split.split_id])
             new = [

@@ -14,6 +14,7 @@ import argparse
 import os
 import re
 import sys
+import uuid
 from typing import Any
 
 __all__ = ["add_subcommand", "add_arguments", "find_job_master", "savepoint"]
@@ -50,10 +51,26 @@ def savepoint(job_id: str, directory: str, stop: bool = False, timeout: float = 
     if "://" not in directory:
         directory = os.path.abspath(directory)
     master = find_job_master(job_id)
+    request_id = uuid.uuid4().hex
     try:
-        return ray.get(master.trigger_savepoint.remote(directory, stop), timeout=timeout)
+        return ray.get(
+            master.trigger_savepoint.remote(directory, stop, request_id), timeout=timeout
+        )
     except ray.exceptions.GetTimeoutError:
-        raise TimeoutError(f"job {job_id}: no savepoint after {timeout:g} s") from None
+        # withdrawn, so that the job does not stop after this said it did not
+        try:
+            taken = ray.get(master.withdraw_savepoint.remote(request_id), timeout=120)
+        except Exception as exc:  # noqa: BLE001 - the job master does not answer
+            raise TimeoutError(
+                f"job {job_id}: no savepoint after {timeout:g} s, and it could not be "
+                f"withdrawn ({type(exc).__name__}): it may still be taken"
+            ) from None
+        if taken is not None:
+            return taken
+        raise TimeoutError(
+            f"job {job_id}: no savepoint after {timeout:g} s; the request was withdrawn and "
+            "the job goes on"
+        ) from None
     except ray.exceptions.RayActorError as exc:
         raise LookupError(f"job {job_id}: its job master is gone ({exc})") from None
     except Exception as exc:  # noqa: BLE001 - the cause, not Ray's wrapper

@@ -493,6 +493,11 @@ class FileSource(Source):
 
     def list_paths(self, missing_ok: bool = False) -> list[str]:
         """The files under ``path`` now, sorted (hidden ones skipped)."""
+        return [path for path, _ in self.list_files(missing_ok)]
+
+    def list_files(self, missing_ok: bool = False) -> list[tuple[str, tuple[int, int]]]:
+        """The files under ``path`` now with their (size, modification time in ns),
+        sorted by path (hidden ones skipped)."""
         import pyarrow.fs as pafs
 
         fs, root = self._resolve()
@@ -501,11 +506,15 @@ class FileSource(Source):
             if missing_ok:
                 return []
             raise MissingInputError(f"FileSource: no such file or directory: {self.path!r}")
+
+        def stamp(f: Any) -> tuple[int, int]:
+            return (f.size if f.size is not None else -1, f.mtime_ns or 0)
+
         if info.type == pafs.FileType.File:
-            return [root]
+            return [(root, stamp(info))]
         selector = pafs.FileSelector(root, recursive=True, allow_not_found=missing_ok)
         return sorted(
-            f.path
+            (f.path, stamp(f))
             for f in fs.get_file_info(selector)
             if f.type == pafs.FileType.File
             and not any(part.startswith((".", "_")) for part in f.path[len(root) :].split("/"))

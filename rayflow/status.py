@@ -69,6 +69,7 @@ class CheckpointFailureReason(str, enum.Enum):
     DECLINED = "DECLINED"
     METADATA_WRITE_FAILED = "METADATA_WRITE_FAILED"
     ATTEMPT_ENDED = "ATTEMPT_ENDED"
+    WITHDRAWN = "WITHDRAWN"  # a savepoint whose caller stopped waiting for it
 
     def __str__(self) -> str:
         return self.value

@@ -279,6 +279,8 @@ class MasterFaults(MasterHooks):
                 FaultPoint.BEFORE_NOTIFY,
                 FaultPoint.JOB_MASTER_BEFORE_NOTIFY,
                 FaultPoint.DURING_COMMIT_POINT,
+                FaultPoint.JOB_MASTER_BEFORE_STOP_RECORD,
+                FaultPoint.JOB_MASTER_BEFORE_SAVEPOINT_WRITE,
             )
             if bound and fault.checkpoint != checkpoint:
                 continue
@@ -287,7 +289,11 @@ class MasterFaults(MasterHooks):
                 for (name, index), handle in subtasks.items()
                 if index == fault.subtask and (fault.vertex is None or fault.vertex in name)
             ]
-            if point in (FaultPoint.JOB_MASTER_BEFORE_NOTIFY,):
+            if point in (
+                FaultPoint.JOB_MASTER_BEFORE_NOTIFY,
+                FaultPoint.JOB_MASTER_BEFORE_STOP_RECORD,
+                FaultPoint.JOB_MASTER_BEFORE_SAVEPOINT_WRITE,
+            ):
                 self.faults.remove(fault)
                 os.kill(os.getpid(), signal.SIGKILL)
             if point is FaultPoint.JOB_MASTER_BEFORE_FIRST_CHECKPOINT:

@@ -44,11 +44,16 @@ SubtaskKey = tuple[int, int]
 @dataclass
 class SavepointRequest:
     """A savepoint asked for: written to ``target`` (a parent directory); with ``stop``
-    the job stops at its barrier. ``done`` resolves to the savepoint's directory."""
+    the job stops at its barrier. ``done`` resolves to the savepoint's directory,
+    ``directory`` (named when it is triggered: a stop records it, so that a job master
+    taking over writes it if this one could not)."""
 
     target: str
     stop: bool
     done: asyncio.Future
+    directory: str | None = None
+    #: its caller stopped waiting: never triggered from now on
+    withdrawn: bool = False
 
 
 @dataclass
@@ -155,10 +160,12 @@ class CheckpointCoordinator:
         latest: CompletedCheckpoint | None,
         run_id: str | None = None,
         failures: CheckpointFailureManager | None = None,
-        on_stopped: Callable[[int], Awaitable[None]] | None = None,
+        on_stopped: Callable[[int, str], Awaitable[None]] | None = None,
     ) -> None:
-        """``on_stopped(checkpoint_id)`` is awaited when a stop-with-savepoint completed,
-        before any subtask hears of it (the job master records it durably)."""
+        """``on_stopped(checkpoint_id, directory)`` is awaited when a stop-with-savepoint
+        completed, before its savepoint is written and before any subtask hears of it (the
+        job master records it durably; when it raises, the stop did not happen: the
+        attempt fails and the job goes on from that checkpoint)."""
         self.job_name = job_name
         self.run_id = run_id
         self.config = config
@@ -191,6 +198,8 @@ class CheckpointCoordinator:
         self._background: set[asyncio.Task] = set()
         #: one trigger at a time (the periodic one and a savepoint's)
         self._trigger_lock = asyncio.Lock()
+        #: savepoint requests by the id their caller gave (to withdraw them), newest last
+        self._savepoints: collections.OrderedDict[str, SavepointRequest] = collections.OrderedDict()
         #: checkpoints being copied into savepoints: never subsumed meanwhile
         self._exporting: set[int] = set()
         self._closed = asyncio.Event()  # shut down: the attempt ended
@@ -286,8 +295,14 @@ class CheckpointCoordinator:
                 return None
             if self.ids.needs_reservation:
                 await asyncio.to_thread(self.ids.reserve)
+            if savepoint is not None and savepoint.withdrawn:
+                return None
             cid = self.ids.take()
             now = time.time()
+            if savepoint is not None:
+                from rayflow.checkpoint.savepoint import savepoint_directory
+
+                savepoint.directory = savepoint_directory(savepoint.target, cid)
             final = final or (savepoint is not None and savepoint.stop)
             self.pending = PendingCheckpoint(cid, now, final, set(self.tasks), savepoint=savepoint)
             self._timeout_task = asyncio.ensure_future(self._expire(cid))
@@ -297,23 +312,27 @@ class CheckpointCoordinator:
                 )
             return cid
 
-    async def trigger_savepoint(self, target: str, stop: bool) -> str:
+    async def trigger_savepoint(
+        self, target: str, stop: bool, request_id: str | None = None
+    ) -> str:
         """Take a savepoint into a new directory under ``target`` once no checkpoint is
         pending (with ``stop``: the sources stop at its barrier, and every subtask finishes
         once it completes); returns the savepoint's directory. Its id comes from the
         run's counter like any checkpoint's; a failed savepoint is a failed checkpoint
-        that never counts against the tolerated checkpoint failures."""
+        that never counts against the tolerated checkpoint failures. ``request_id``
+        names it for :meth:`withdraw_savepoint`."""
         from rayflow.checkpoint.savepoint import SavepointError
 
         request = SavepointRequest(target, stop, asyncio.get_running_loop().create_future())
-        running = asyncio.ensure_future(self._all_running.wait())
-        closed = asyncio.ensure_future(self._closed.wait())
-        try:
-            await asyncio.wait({running, closed}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            running.cancel()
-            closed.cancel()
+        if request_id is not None:
+            self._savepoints[request_id] = request
+            while len(self._savepoints) > 100:  # the newest requests: any caller's is there
+                self._savepoints.popitem(last=False)
         while True:
+            if request.withdrawn:
+                raise SavepointError(
+                    f"job {self.job_name!r}: the savepoint was withdrawn before it was taken"
+                )
             if self._closed.is_set():
                 raise SavepointError(
                     f"job {self.job_name!r}: its attempt ended before the savepoint was "
@@ -324,10 +343,35 @@ class CheckpointCoordinator:
                     f"job {self.job_name!r} is finishing (its input ended, or it is being "
                     "stopped): no savepoint"
                 )
-            if self.pending is None and await self.trigger(savepoint=request) is not None:
+            if (
+                self._all_running.is_set()
+                and self.pending is None
+                and await self.trigger(savepoint=request) is not None
+            ):
                 break
             await asyncio.sleep(0.01)
         return await request.done
+
+    async def withdraw_savepoint(self, request_id: str) -> str | None:
+        """Its caller stopped waiting for savepoint ``request_id``: never trigger it, and
+        abort its checkpoint if that is pending (a stop then does not happen: the job goes
+        on). Returns the savepoint's directory when it was taken anyway (it completed, or
+        every subtask had acknowledged it: it stands), else None."""
+        request = self._savepoints.pop(request_id, None)
+        if request is None:
+            return None
+        request.withdrawn = True
+        if request.directory is None:
+            return None  # never triggered, and never will be (trigger checks it)
+        pending = self.pending
+        if pending is not None and pending.savepoint is request:
+            await self._abort(
+                pending, CheckpointFailureReason.WITHDRAWN, "its caller stopped waiting for it"
+            )
+        try:
+            return await asyncio.shield(request.done)
+        except Exception:  # noqa: BLE001 - failed or aborted: no savepoint
+            return None
 
     def _fail_savepoint(self, pending: PendingCheckpoint, reason: str) -> None:
         request = pending.savepoint
@@ -422,16 +466,29 @@ class CheckpointCoordinator:
         self._record(pending, CheckpointStatus.COMPLETED, None, completed_at)
         if pending.final:
             self._final_done = True  # nothing is triggered after it, not while exporting
+        named = self._named_tasks()
+        n = self._checkpoints_this_attempt
         if pending.savepoint is not None and pending.savepoint.stop:
+            self.hooks.at(HookPoint.JOB_MASTER_BEFORE_STOP_RECORD, n, named)
             self.stopped_at = cid
             if self.on_stopped is not None:
-                await self.on_stopped(cid)
+                try:
+                    await self.on_stopped(cid, pending.savepoint.directory or "")
+                except Exception as exc:  # noqa: BLE001 - not stopped: the job goes on
+                    # Nobody heard of the checkpoint yet: the attempt fails and the next
+                    # one restores it as a checkpoint (committing its transactions once)
+                    # and reads on. Stopping without the stop recorded could not be
+                    # undone: a job master taking over would read on past the savepoint.
+                    self.stopped_at = None
+                    reason = f"the stop could not be recorded ({type(exc).__name__}: {exc})"
+                    self._fail_savepoint(pending, reason)
+                    self.on_failure(RuntimeError(f"stop with savepoint {cid}: {reason}"))
+                    return
         if pending.savepoint is not None:
             # Before the notification: a stopped job's subtasks finish on it, and the
             # savepoint's transactions are committed only once it is written (or failed).
+            self.hooks.at(HookPoint.JOB_MASTER_BEFORE_SAVEPOINT_WRITE, n, named)
             await self._write_savepoint(pending, metadata)
-        named = self._named_tasks()
-        n = self._checkpoints_this_attempt
         self.hooks.at(HookPoint.JOB_MASTER_BEFORE_NOTIFY, n, named)
         self.hooks.at(HookPoint.BEFORE_NOTIFY, n, named)
         self._notify_complete(cid, final=pending.final)
@@ -456,21 +513,23 @@ class CheckpointCoordinator:
         request = pending.savepoint
         assert request is not None
         cid = pending.checkpoint_id
-        directory = savepoint_directory(request.target, cid)
+        directory = request.directory or savepoint_directory(request.target, cid)
         self._exporting.add(cid)
         try:
-            blobs: dict[SubtaskKey, bytes] = {}
-            for key, entry in metadata.subtasks.items():
-                blob = None
+
+            def blobs(key: SubtaskKey) -> bytes:
+                """One blob at a time (in the writing thread): the whole state is never
+                in this process at once."""
                 ref = pending.refs.get(key)
                 if ref is not None:
+                    import ray
+
                     try:
-                        blob = await asyncio.wait_for(ref, timeout=30)
+                        return ray.get(ref, timeout=30)
                     except Exception:  # noqa: BLE001 - from the durable tier then
-                        blob = None
-                if blob is None:
-                    blob = await asyncio.to_thread(self.storage.read_blob, entry.path)
-                blobs[key] = blob
+                        pass
+                return self.storage.read_blob(metadata.subtasks[key].path)
+
             options = self.config.storage_options if request.target.startswith("s3://") else {}
             error: BaseException | None = None
             for pause in (0.2, 1.0, 0.0):
@@ -478,8 +537,9 @@ class CheckpointCoordinator:
                     await asyncio.to_thread(write_savepoint, directory, metadata, blobs, options)
                     error = None
                     break
-                except SavepointError:
-                    directory = savepoint_directory(request.target, cid)
+                except SavepointError as exc:
+                    error = exc  # another savepoint in its directory: never overwritten
+                    break
                 except Exception as exc:  # noqa: BLE001 - storage may fail for a moment
                     error = exc
                     await asyncio.sleep(pause)
@@ -626,6 +686,8 @@ class CheckpointCoordinator:
                 channel_state_size=info.get("channel_state_size", 0),
                 channel_state_batches=info.get("channel_state_batches", 0),
                 stateful_uids=tuple(stateful) if stateful is not None else None,
+                keyed_uids=tuple(info.get("keyed_uids") or ()),
+                max_parallelism=info.get("max_parallelism"),
             )
         return CheckpointMetadata(
             checkpoint_id=pending.checkpoint_id,

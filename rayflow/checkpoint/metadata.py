@@ -50,6 +50,10 @@ class SubtaskStateMeta:
     channel_state_batches: int = 0
     #: the uids whose operators had state (None: not recorded, count every uid)
     stateful_uids: tuple[str, ...] | None = None
+    #: the uids whose operators had keyed state (cut into key groups by max parallelism)
+    keyed_uids: tuple[str, ...] = ()
+    #: the vertex's max parallelism when it was taken (None: not recorded)
+    max_parallelism: int | None = None
 
     @property
     def uids_with_state(self) -> tuple[str, ...]:
@@ -106,6 +110,8 @@ class CheckpointMetadata:
                     "stateful_uids": (
                         list(s.stateful_uids) if s.stateful_uids is not None else None
                     ),
+                    "keyed_uids": list(s.keyed_uids),
+                    "max_parallelism": s.max_parallelism,
                 }
                 for key, s in self.subtasks.items()
             },
@@ -146,6 +152,12 @@ class CheckpointMetadata:
                         stateful_uids=(
                             tuple(e["stateful_uids"])
                             if e.get("stateful_uids") is not None
+                            else None
+                        ),
+                        keyed_uids=tuple(e.get("keyed_uids") or ()),
+                        max_parallelism=(
+                            int(e["max_parallelism"])
+                            if e.get("max_parallelism") is not None
                             else None
                         ),
                     )

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from rayflow.checkpoint.metadata import CheckpointMetadata
@@ -30,6 +31,7 @@ __all__ = [
     "SavepointError",
     "savepoint_directory",
     "write_savepoint",
+    "export_checkpoint",
     "load_savepoint",
     "is_savepoint",
 ]
@@ -55,24 +57,58 @@ def _blob_file(path: str) -> str:
 def write_savepoint(
     directory: str,
     metadata: CheckpointMetadata,
-    blobs: dict[SubtaskKey, bytes],
+    blobs: Mapping[SubtaskKey, bytes] | Callable[[SubtaskKey], bytes],
     options: dict[str, Any] | None = None,
 ) -> str:
     """Write the savepoint of ``metadata`` (a completed checkpoint) with the blobs of its
-    subtasks into ``directory``: blobs first, the metadata last. Returns ``directory``."""
+    subtasks into ``directory``: blobs first, the metadata last. Returns ``directory``.
+    ``blobs`` maps a subtask to its blob, or is a function asked for one blob at a time
+    (then one blob at a time is in memory, however large the state).
+
+    Idempotent: a write into a directory that holds a part of this savepoint (a writer
+    died in it) writes it whole, and one that holds this savepoint already (a writer died
+    after its last step) leaves it. Another savepoint there is refused."""
     target = _Directory(directory, options)
     if target._exists(f"{target.base}/{METADATA}"):
-        raise SavepointError(f"{directory}: a savepoint is there already")
+        try:
+            there = CheckpointMetadata.from_bytes(target._read(f"{target.base}/{METADATA}"))
+        except Exception:  # noqa: BLE001 - unreadable: not this savepoint
+            there = None
+        if (
+            there is not None
+            and there.savepoint
+            and there.run_id == metadata.run_id
+            and there.checkpoint_id == metadata.checkpoint_id
+            and there.job_name == metadata.job_name
+        ):
+            return directory
+        raise SavepointError(f"{directory}: another savepoint is there already")
     target.fs.create_dir(target.base, recursive=True)
     subtasks = {}
     for key, entry in metadata.subtasks.items():
         name = _blob_file(entry.path)
+        data = blobs(key) if callable(blobs) else blobs[key]
         with target.fs.open_output_stream(f"{target.base}/{name}") as out:
-            out.write(blobs[key])
+            out.write(data)
+        del data
         subtasks[key] = dataclasses.replace(entry, path=name)
     saved = dataclasses.replace(metadata, subtasks=subtasks, savepoint=True, blob_storage=None)
     target._write_atomic(target.base, METADATA, saved.to_bytes())
     return directory
+
+
+def export_checkpoint(
+    storage: CheckpointStorage,
+    metadata: CheckpointMetadata,
+    directory: str,
+    options: dict[str, Any] | None = None,
+) -> str:
+    """Write the savepoint of completed checkpoint ``metadata`` of ``storage`` (its blobs
+    read back from there) into ``directory``; returns ``directory``."""
+    source = metadata.blob_storage or storage
+    return write_savepoint(
+        directory, metadata, lambda key: source.read_blob(metadata.subtasks[key].path), options
+    )
 
 
 def is_savepoint(path: str, options: dict[str, Any] | None = None) -> bool:

@@ -10,7 +10,8 @@ stop a restore with ``allow_non_restored_state``), and a state that cannot be re
 its operator. Format 1 (blobs written before the header existed) is a plain pickle of
 ``{uid: state}`` and still loads. A blob of an unknown format, or a state whose classes
 cannot be imported here, fails with :class:`StateFormatError`, never with a bare pickle
-error.
+error; it names the blob and its operators, and is not recoverable (every restart would
+read the same bytes with the same code: the job fails at once instead of restarting).
 """
 
 from __future__ import annotations
@@ -19,12 +20,15 @@ import pickle
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from rayflow.recoverability import NonRecoverableError
+
 __all__ = [
     "STATE_FORMAT_VERSION",
     "StateFormatError",
     "OperatorStates",
     "encode_operator_states",
     "decode_operator_states",
+    "blob_name",
 ]
 
 _MAGIC = b"RAYFLOW-STATE\n"
@@ -32,8 +36,16 @@ _MAGIC = b"RAYFLOW-STATE\n"
 STATE_FORMAT_VERSION = 2
 
 
-class StateFormatError(ValueError):
-    """A state blob (or one operator's state in it) this rayflow cannot read."""
+class StateFormatError(NonRecoverableError, ValueError):
+    """A state blob (or one operator's state in it) this rayflow cannot read; no restart
+    can fix it."""
+
+
+def blob_name(where: str, names: Mapping[str, str] | None) -> str:
+    """``where``, with the names of the operators whose state the blob holds."""
+    if not names:
+        return where
+    return f"{where} (read for operators {', '.join(repr(n) for n in names.values())})"
 
 
 def encode_operator_states(states: Mapping[str, Any]) -> bytes:
@@ -89,11 +101,12 @@ def decode_operator_states(
 ) -> Mapping[str, Any]:
     """The operator states of ``blob`` (any known format); ``names`` (uid -> operator name)
     make errors name the operator."""
+    whose = blob_name(where, names)
     if blob.startswith(_MAGIC):
         version = blob[len(_MAGIC)] if len(blob) > len(_MAGIC) else None
         if version != STATE_FORMAT_VERSION:
             raise StateFormatError(
-                f"{where}: state format version {version} is not supported by this rayflow "
+                f"{whose}: state format version {version} is not supported by this rayflow "
                 f"(it reads versions 1..{STATE_FORMAT_VERSION}); restore it with the rayflow "
                 "that wrote it"
             )
@@ -101,19 +114,19 @@ def decode_operator_states(
             raw = pickle.loads(blob[len(_MAGIC) + 1 :])
         except Exception as exc:  # noqa: BLE001 - a damaged file
             raise StateFormatError(
-                f"{where}: state cannot be read ({type(exc).__name__}: {exc})"
+                f"{whose}: state cannot be read ({type(exc).__name__}: {exc})"
             ) from None
         if not isinstance(raw, dict):
-            raise StateFormatError(f"{where}: not a rayflow state blob")
+            raise StateFormatError(f"{whose}: not a rayflow state blob")
         return OperatorStates(raw, where, names or {})
     try:
         states = pickle.loads(blob)  # format 1: one pickle of {uid: state}
     except Exception as exc:  # noqa: BLE001 - damaged, foreign, or classes gone
         raise StateFormatError(
-            f"{where}: state cannot be read ({type(exc).__name__}: {exc}); it is not a "
+            f"{whose}: state cannot be read ({type(exc).__name__}: {exc}); it is not a "
             "rayflow state blob, or it was written by code whose classes are not "
             "importable here"
         ) from None
     if not isinstance(states, dict):
-        raise StateFormatError(f"{where}: not a rayflow state blob")
+        raise StateFormatError(f"{whose}: not a rayflow state blob")
     return states

@@ -23,6 +23,7 @@ __all__ = [
     "operators_without_uid",
     "unmatched_state",
     "check_state_mapping",
+    "max_parallelism_changes",
 ]
 
 
@@ -58,6 +59,23 @@ def unmatched_state(graph: JobGraph, restore: CheckpointMetadata) -> dict[str, s
     return {uid: restore.operator_names.get(uid, uid) for uid in sorted(missing)}
 
 
+def max_parallelism_changes(
+    graph: JobGraph, restore: CheckpointMetadata
+) -> dict[str, tuple[str, int, int]]:
+    """uid -> (operator name, max parallelism then, now) of every operator with keyed
+    state in ``restore`` that ``graph`` runs under another max parallelism."""
+    now = {op.uid: v.max_parallelism for v in graph.vertices.values() for op in v.operators}
+    changed: dict[str, tuple[str, int, int]] = {}
+    for entry in restore.subtasks.values():
+        if entry.max_parallelism is None:
+            continue
+        for uid in entry.keyed_uids:
+            if uid in now and now[uid] != entry.max_parallelism:
+                name = restore.operator_names.get(uid, uid)
+                changed[uid] = (name, entry.max_parallelism, now[uid])
+    return changed
+
+
 def check_state_mapping(
     plan: LogicalPlan | None,
     graph: JobGraph,
@@ -82,6 +100,18 @@ def check_state_mapping(
             ".uid('...') to restore across code changes",
             MissingUidWarning,
             stacklevel=5,
+        )
+    changed = max_parallelism_changes(graph, restore)
+    if changed:
+        listed = ", ".join(
+            f"{name!r} (uid {uid!r}): max parallelism {was} in the checkpoint, {now} in the job"
+            for uid, (name, was, now) in changed.items()
+        )
+        raise ValueError(
+            f"{where}: checkpoint {restore.checkpoint_id} holds keyed state of {listed}. Keyed "
+            "state is cut into key groups by the max parallelism, which cannot change across "
+            "a restore (keys would land in other key groups): give the job the max "
+            "parallelism it had (env.set_max_parallelism(...))"
         )
     missing = unmatched_state(graph, restore)
     if missing and not allow_non_restored_state:

@@ -30,7 +30,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from rayflow.checkpoint.state_format import decode_operator_states
+from rayflow.checkpoint.state_format import StateFormatError, blob_name, decode_operator_states
 from rayflow.runtime.events import Watermark, WatermarkStatus, unbundled
 
 __all__ = [
@@ -148,7 +148,13 @@ def decode_snapshot(
     """The operators' states (by operator uid) and the channel state of a blob (operator
     states in any known format: :mod:`rayflow.checkpoint.state_format`)."""
     if blob.startswith(_MAGIC):
-        operator_blob, channel_state = pickle.loads(blob[len(_MAGIC) :])
+        try:
+            operator_blob, channel_state = pickle.loads(blob[len(_MAGIC) :])
+        except Exception as exc:  # noqa: BLE001 - a damaged file
+            raise StateFormatError(
+                f"{blob_name(where, names)}: state with in-flight data cannot be read "
+                f"({type(exc).__name__}: {exc})"
+            ) from None
         return decode_operator_states(operator_blob, where, names), channel_state
     return decode_operator_states(blob, where, names), {}
 

@@ -38,6 +38,12 @@ class HookPoint(str, enum.Enum):
     DURING_RESTART_DELAY = "during-restart-delay"  # a subtask kept for reuse dies
     FINAL_NOTIFY = "final-notify"  # the final checkpoint's notification is lost
     DURING_COMMIT_POINT = "during-commit-point"  # in the thread writing a checkpoint's metadata
+    # a stop with savepoint: the job master dies after its commit point, before the stop
+    # is recorded in the run's state
+    JOB_MASTER_BEFORE_STOP_RECORD = "job-master-before-stop-record"
+    # a savepoint: the job master dies after its commit point (and the stop recorded),
+    # before the savepoint's directory is written
+    JOB_MASTER_BEFORE_SAVEPOINT_WRITE = "job-master-before-savepoint-write"
 
     def __str__(self) -> str:
         return self.value
@@ -55,6 +61,8 @@ _MASTER_POINTS = frozenset(
         HookPoint.DURING_RESTART_DELAY,
         HookPoint.FINAL_NOTIFY,
         HookPoint.DURING_COMMIT_POINT,
+        HookPoint.JOB_MASTER_BEFORE_STOP_RECORD,
+        HookPoint.JOB_MASTER_BEFORE_SAVEPOINT_WRITE,
     }
 )
 

@@ -229,7 +229,18 @@ class JobMaster:
         #: a stop-with-savepoint completed (its checkpoint id): an attempt after it reads
         #: no input, takes a final checkpoint and finishes
         self._stopped_at: int | None = self.supervisor.state.stopped_at
+        #: the directory of that stop's savepoint, which a job master lost after the stop
+        #: was recorded may not have written: this one writes it before anything else
+        self._stop_savepoint: str | None = (
+            getattr(self.supervisor.state, "stop_savepoint", None)
+            if self._stopped_at is not None
+            else None
+        )
         self._looked_up_storage = False
+        #: savepoint requests by their caller's id: the coordinator that took each, and the
+        #: ids withdrawn (the newest, bounded)
+        self._asked: collections.OrderedDict[str, Any] = collections.OrderedDict()
+        self._withdrawn: collections.deque[str] = collections.deque(maxlen=100)
         self._cancelled = asyncio.Event()
         if settings.cancel_requested:
             self._cancelled.set()
@@ -341,7 +352,9 @@ class JobMaster:
     async def cancel(self) -> None:
         self._cancelled.set()
 
-    async def trigger_savepoint(self, target: str, stop: bool = False) -> str:
+    async def trigger_savepoint(
+        self, target: str, stop: bool = False, request_id: str | None = None
+    ) -> str:
         """Take a savepoint under ``target`` (with ``stop``: and stop the job at it, Flink's
         stop-with-savepoint); returns the savepoint's directory. Raises
         :class:`~rayflow.checkpoint.savepoint.SavepointError` when it fails (the job then
@@ -356,8 +369,25 @@ class JobMaster:
         while self.coordinator is None:  # deploying, or between attempts
             if self._ended.is_set() or self._cancelled.is_set():
                 raise SavepointError(f"job {self.settings.job_name!r} is not running")
+            if request_id is not None and request_id in self._withdrawn:
+                raise SavepointError(f"job {self.settings.job_name!r}: savepoint withdrawn")
             await asyncio.sleep(0.05)
-        return await self.coordinator.trigger_savepoint(target, stop)
+        coordinator = self.coordinator
+        if request_id is not None:
+            self._asked[request_id] = coordinator
+            while len(self._asked) > 100:  # the newest requests: any caller's is there
+                self._asked.popitem(last=False)
+        return await coordinator.trigger_savepoint(target, stop, request_id)
+
+    async def withdraw_savepoint(self, request_id: str) -> str | None:
+        """The caller of ``trigger_savepoint(..., request_id)`` stopped waiting: the
+        savepoint is not taken (a stop does not happen) unless it was taken already;
+        returns its directory then, else None."""
+        self._withdrawn.append(request_id)
+        coordinator = self._asked.pop(request_id, None)
+        if coordinator is None:
+            return None
+        return await coordinator.withdraw_savepoint(request_id)
 
     # --- calls from subtasks ------------------------------------------------------------
 
@@ -717,6 +747,8 @@ class JobMaster:
     async def _run_attempt(self, attempt: int) -> dict[int, list[Any]]:
         settings = self.settings
         restore = await self._restore_point()
+        if self._stop_savepoint is not None and restore is not None:
+            await self._finish_stop_savepoint(restore)
         self._exhausted = set()
         self._running = set()
         ids = await self._id_counter(restore) if settings.checkpointing else None
@@ -805,12 +837,54 @@ class JobMaster:
             outputs.setdefault(vertex_id, []).append(value)
         return outputs
 
-    async def _on_stopped(self, checkpoint_id: int) -> None:
-        """A stop-with-savepoint completed: recorded in the run's state before any subtask
-        hears of it, so a job master that takes over stops the job too."""
+    async def _on_stopped(self, checkpoint_id: int, directory: str) -> None:
+        """A stop-with-savepoint completed: recorded in the run's state (with the
+        savepoint's directory) before its savepoint is written and before any subtask
+        hears of it, so a job master that takes over stops the job too and writes the
+        savepoint. Raises when it cannot be recorded (then the job is not stopped)."""
+        state = self.supervisor.state
+        try:
+            state.stopped_at, state.stop_savepoint = checkpoint_id, directory
+            await self._persist()
+        except BaseException:
+            state.stopped_at, state.stop_savepoint = None, None
+            raise
         self._stopped_at = checkpoint_id
-        self.supervisor.state.stopped_at = checkpoint_id
-        await self._persist_quietly()
+
+    async def _finish_stop_savepoint(self, restore: CompletedCheckpoint) -> None:
+        """Write the savepoint of the stop a lost job master recorded (unless it did):
+        the checkpoint it is a copy of is this run's restore point."""
+        from rayflow.checkpoint.savepoint import export_checkpoint
+
+        directory, self._stop_savepoint = self._stop_savepoint, None
+        assert directory is not None and self.storage is not None
+        options = self.settings.checkpoint_config.storage_options
+        options = options if directory.startswith("s3://") else {}
+        for pause in (0.2, 1.0, None):
+            try:
+                await asyncio.to_thread(
+                    export_checkpoint, self.storage, restore.metadata, directory, options
+                )
+                log.info(
+                    "job %r: savepoint %d of its stop written to %s",
+                    self.settings.job_name,
+                    restore.checkpoint_id,
+                    directory,
+                )
+                return
+            except Exception as exc:  # noqa: BLE001 - the job stops anyway
+                if pause is None:
+                    log.warning(
+                        "job %r: the savepoint of its stop was not written to %s: %s; the "
+                        "same state is checkpoint %d of run %s",
+                        self.settings.job_name,
+                        directory,
+                        exc,
+                        restore.checkpoint_id,
+                        self.settings.run_id,
+                    )
+                    return
+                await asyncio.sleep(pause)
 
     async def _unless_cancelled(self, work: Any) -> Any:
         """``await work``, unless the job is cancelled first (then JobCancelledError)."""

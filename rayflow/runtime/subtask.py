@@ -87,7 +87,9 @@ from rayflow.runtime.operators import Operator, OperatorContext
 from rayflow.runtime.output import capture_stdout
 from rayflow.runtime.ray_metrics import EXPORT_INTERVAL_S, SubtaskMetricsExporter
 from rayflow.runtime.restore import StateHandle
+from rayflow.runtime.sink_operator import TwoPhaseCommitSinkOperator
 from rayflow.sources import SourceReader
+from rayflow.state import KeyedStateBackend
 
 #: Concurrency group of control calls: never queued behind data pushes that wait for
 #: buffer space (at high fan-in those could take every slot while a barrier is aligned).
@@ -141,8 +143,8 @@ class SubtaskDeployment:
     channel_bytes: int = DEFAULT_CHANNEL_BYTES
     #: the job's failure classifier (``rayflow.recoverability``), None: the default rules
     failure_classifier: Any = None
-    #: the job was stopped with a savepoint: a source reads nothing (it only waits for the
-    #: final checkpoint)
+    #: the job was stopped with a savepoint: a source reads nothing and no operator timer
+    #: fires (the attempt only waits for the final checkpoint)
     sources_stopped: bool = False
 
 
@@ -1094,7 +1096,15 @@ class SubtaskActor:
                 self._final_completed = True
             self._maybe_finish()
         elif isinstance(item, _OperatorTimer):
-            if item.attempt == self.attempt:
+            # In an attempt after a stop with savepoint no timer of a function fires: the
+            # attempt only finishes, and what a timer emitted would be committed at its
+            # final checkpoint while a restore from the savepoint fires the same timer
+            # again. A sink's commit retries go on (the attempt finishes after them).
+            operator = self.operators[item.position]
+            stopped = self.d.sources_stopped and not isinstance(
+                operator, TwoPhaseCommitSinkOperator
+            )
+            if item.attempt == self.attempt and not stopped:
                 self._current_operator = self.d.vertex.operators[item.position].name
                 produced = self.operators[item.position].on_timer(item.token)
                 for batch in produced or ():
@@ -1213,6 +1223,14 @@ class SubtaskActor:
             "size": len(blob),
             "uids": uids,
             "stateful_uids": [uid for uid in uids if snapshot[uid] is not None],
+            # keyed state is cut into key groups by the max parallelism
+            "keyed_uids": [
+                spec.uid
+                for spec, op in zip(self.d.vertex.operators, self.operators)
+                if isinstance(getattr(op, "backend", None), KeyedStateBackend)
+                and snapshot.get(spec.uid) is not None
+            ],
+            "max_parallelism": self.d.vertex.max_parallelism,
             "source_splits": splits,
             "unaligned": recorder is not None,
             "channel_state_size": 0,

@@ -60,6 +60,9 @@ class SupervisorState:
     #: the checkpoint id of a completed stop-with-savepoint: every later attempt, of any
     #: job master, reads no input and finishes at a final checkpoint
     stopped_at: int | None = None
+    #: the directory of that stop's savepoint (written by the job master that recorded
+    #: the stop, or else by the one that takes over)
+    stop_savepoint: str | None = None
 
 
 class RestartSupervisor:

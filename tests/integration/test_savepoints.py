@@ -21,7 +21,9 @@ from rayflow.checkpoint.metadata import CheckpointMetadata
 from rayflow.checkpoint.state_mapping import MissingUidWarning
 from rayflow.cli import main as cli_main
 from rayflow.datagen import DataGeneratorSource
-from rayflow.errors import SavepointError
+from rayflow.errors import JobFailedError, SavepointError
+from rayflow.functions import KeyedProcessFunction
+from rayflow.runtime.hooks import HookPoint, MasterHooks, RuntimeHooks
 from rayflow.status import JobState
 from rayflow.testing import Fault, FaultPlan, FaultPoint, inject_faults, wait_for_checkpoints
 from sinks.files import FileSink
@@ -265,8 +267,9 @@ def test_a_failure_after_the_stop_savepoint_completed_still_stops_the_job(tmp_pa
 
 def test_a_job_master_lost_after_the_stop_savepoint_completed_still_stops_the_job(tmp_path):
     """The job master dies after the stop's savepoint completed (recorded in the run's
-    state) and before any subtask heard of it: the job master that takes over stops the
-    job too, instead of reading on."""
+    state, its directory written) and before any subtask heard of it: the job master that
+    takes over stops the job too, instead of reading on, and stop_with_savepoint returns
+    the savepoint."""
     env = build(tmp_path, 1)
     env.enable_checkpointing(600_000)  # only savepoints take checkpoints
     inject_faults(env, FaultPlan([Fault(FaultPoint.JOB_MASTER_BEFORE_NOTIFY)]))
@@ -277,12 +280,12 @@ def test_a_job_master_lost_after_the_stop_savepoint_completed_still_stops_the_jo
         if generated >= 300:
             break
         time.sleep(0.1)
-    with pytest.raises(SavepointError, match="job master was lost"):
-        client.stop_with_savepoint(str(tmp_path / "sp"), timeout=90)
+    path = client.stop_with_savepoint(str(tmp_path / "sp"), timeout=90)
     result = client.wait(90)
     assert result.job_master_restarts == 1
     (name,) = os.listdir(tmp_path / "sp")
-    saved = CheckpointMetadata.from_bytes(open(tmp_path / "sp" / name / "_metadata", "rb").read())
+    assert path == str(tmp_path / "sp" / name)
+    saved = saved_metadata(path)
     assert result.restored_from == saved.checkpoint_id
     values = check_exactly_once(tmp_path)
     made = sum(s.made for splits in saved.source_splits.values() for s in splits)
@@ -317,3 +320,301 @@ def test_a_trigger_that_arrives_after_its_abort_does_not_stop_a_source(tmp_path)
     assert produced() >= before + 200, "the source stopped at a stale trigger"
     client.stop_with_savepoint(str(tmp_path / "sp"), timeout=60)
     check_exactly_once(tmp_path)
+
+
+def generated_records(client) -> int:
+    try:
+        return sum(m["records_out"] for m in client.metrics() if m["vertex"].startswith("gen"))
+    except Exception:  # noqa: BLE001 - the job master is being replaced
+        return 0
+
+
+def wait_generated(client, at_least: int, timeout_s: float = 60) -> None:
+    deadline = time.time() + timeout_s
+    while generated_records(client) < at_least and time.time() < deadline:
+        time.sleep(0.1)
+    assert generated_records(client) >= at_least, "the sources did not read"
+
+
+def saved_metadata(path: str) -> CheckpointMetadata:
+    with open(os.path.join(path, "_metadata"), "rb") as f:
+        return CheckpointMetadata.from_bytes(f.read())
+
+
+def test_a_job_master_lost_before_the_stop_savepoint_is_written_still_writes_it(tmp_path):
+    """The job master dies after the stop's commit point, with the stop recorded, before
+    the savepoint's directory is written: the job master that takes over writes it from
+    the checkpoint, the job stops, and stop_with_savepoint returns a savepoint that
+    restores exactly once."""
+    job = f"stop-before-write-{time.time_ns()}"
+    env = build(tmp_path, 1)
+    env.enable_checkpointing(600_000)  # only savepoints take checkpoints
+    inject_faults(env, FaultPlan([Fault(FaultPoint.JOB_MASTER_BEFORE_SAVEPOINT_WRITE)]))
+    client = env.execute_async(job)
+    wait_generated(client, 300)
+    path = client.stop_with_savepoint(str(tmp_path / "sp"), timeout=90)
+    result = client.wait(90)
+    assert result.job_master_restarts == 1
+    saved = saved_metadata(path)
+    assert saved.savepoint and all("/" not in e.path for e in saved.subtasks.values())
+    assert result.restored_from == saved.checkpoint_id
+    values = check_exactly_once(tmp_path)
+    made = sum(s.made for splits in saved.source_splits.values() for s in splits)
+    assert len(values) == made
+
+    # self-contained: it restores with the run's checkpoints gone, exactly once across
+    shutil.rmtree(tmp_path / "chk")
+    client2 = build(tmp_path, 1).execute_async(job, restore_from=path)
+    wait_for_records(tmp_path, made + 300)
+    client2.stop_with_savepoint(str(tmp_path / "sp2"), timeout=90)
+    assert client2.wait(90).restored_from == saved.checkpoint_id
+    assert len(check_exactly_once(tmp_path)) > made
+
+
+def test_a_job_master_lost_before_the_stop_is_recorded_says_the_job_goes_on(tmp_path):
+    """The job master dies after the stop's commit point, before the stop is recorded in
+    the run's state: the job master that takes over resumes the job from that checkpoint
+    (its transactions committed once), the stop fails saying the job goes on, and no
+    savepoint is reported; a second stop is exactly once."""
+    env = build(tmp_path, 1)
+    env.enable_checkpointing(600_000)  # only savepoints take checkpoints
+    inject_faults(env, FaultPlan([Fault(FaultPoint.JOB_MASTER_BEFORE_STOP_RECORD)]))
+    client = env.execute_async(f"stop-before-record-{time.time_ns()}")
+    wait_generated(client, 300)
+    with pytest.raises(SavepointError, match="the job goes on"):
+        client.stop_with_savepoint(str(tmp_path / "sp"), timeout=90)
+    assert client.get_job_status() in (JobState.RUNNING, JobState.RESTARTING)
+    assert not any(
+        os.path.exists(os.path.join(tmp_path / "sp", n, "_metadata"))
+        for n in (os.listdir(tmp_path / "sp") if os.path.isdir(tmp_path / "sp") else [])
+    ), "a savepoint was written for a stop that did not happen"
+    before = generated_records(client)
+    wait_generated(client, before + 300)  # the job reads on
+    path = client.stop_with_savepoint(str(tmp_path / "sp"), timeout=90)
+    result = client.wait(90)
+    assert result.job_master_restarts == 1
+    saved = saved_metadata(path)
+    values = check_exactly_once(tmp_path)
+    made = sum(s.made for splits in saved.source_splits.values() for s in splits)
+    assert len(values) == made
+
+
+def test_a_savepoint_with_unreadable_state_fails_the_restore_at_once_naming_it(tmp_path):
+    """A blob of the savepoint is of a state format this rayflow does not know (written by
+    a newer one, or damaged): no restart can read it, so the restored job fails at once
+    with an error naming the blob's operators, instead of restarting forever."""
+    job = f"unreadable-{time.time_ns()}"
+    client = build(tmp_path, 1).execute_async(job)
+    assert wait_for_checkpoints(client, 1, timeout_s=60) >= 1
+    path = client.trigger_savepoint(str(tmp_path / "sp"))
+    assert client.cancel()
+    saved = saved_metadata(path)
+    (entry,) = [e for k, e in saved.subtasks.items() if "Sum" in e.vertex and k[1] == 0]
+    blob = bytearray(open(os.path.join(path, entry.path), "rb").read())
+    header = b"RAYFLOW-STATE\n"
+    at = blob.find(header)
+    assert at >= 0
+    blob[at + len(header)] = 9  # a format version from the future
+    with open(os.path.join(path, entry.path), "wb") as f:
+        f.write(bytes(blob))
+    client = build(tmp_path, 1).execute_async(job, restore_from=path)
+    with pytest.raises(JobFailedError, match=r"(?s)state format version 9.*Sum"):
+        client.wait(60)
+    (entry,) = client.failure_history()
+    assert entry.count == 1, "it restarted on state it cannot read"
+
+
+class _UnwritableStopRecord(MasterHooks):
+    def __init__(self, storage: str) -> None:
+        self.storage = storage
+        self.broken = False
+
+    def at(self, point, checkpoint, subtasks) -> bool:
+        import glob
+        import signal
+        import threading
+
+        if point is HookPoint.JOB_MASTER_BEFORE_STOP_RECORD:
+            (state,) = glob.glob(os.path.join(self.storage, "**", "_job_state"), recursive=True)
+            os.replace(state, state + ".kept")
+            os.mkdir(state)  # the run's state cannot be written over a directory
+            open(os.path.join(state, "x"), "w").close()
+
+            def mend() -> None:
+                shutil.rmtree(state)
+                os.replace(state + ".kept", state)
+
+            threading.Timer(3.0, mend).start()
+            self.broken = True
+        if point is HookPoint.JOB_MASTER_BEFORE_NOTIFY and self.broken:
+            os.kill(os.getpid(), signal.SIGKILL)  # whatever went on, it is lost now
+        return True
+
+
+class UnwritableStopRecord(RuntimeHooks):
+    """Attempt 0: the run's state cannot be written when the stop is to be recorded (for
+    3 s); if the job master goes on to notify the subtasks anyway, it dies there."""
+
+    def __init__(self, storage: str) -> None:
+        self.storage = storage
+
+    def for_job_master(self, attempt: int) -> MasterHooks | None:
+        return _UnwritableStopRecord(self.storage) if attempt == 0 else None
+
+
+def test_a_stop_that_cannot_be_recorded_does_not_stop_the_job(tmp_path):
+    """The stop's checkpoint completed but the run's state cannot be written: the stop is
+    not recorded, so it must not happen (a job master taking over later would read on past
+    a savepoint whose output was committed). The attempt fails, the job goes on from that
+    checkpoint, no savepoint is reported, and a second stop is exactly once."""
+    env = build(tmp_path, 1)
+    env.enable_checkpointing(600_000)  # only savepoints take checkpoints
+    inject_faults(env, UnwritableStopRecord(str(tmp_path / "chk")))
+    client = env.execute_async(f"stop-unrecorded-{time.time_ns()}")
+    wait_generated(client, 300)
+    with pytest.raises(SavepointError, match="could not be recorded.*the job goes on"):
+        client.stop_with_savepoint(str(tmp_path / "sp"), timeout=90)
+    assert not any(
+        os.path.exists(os.path.join(tmp_path / "sp", n, "_metadata"))
+        for n in (os.listdir(tmp_path / "sp") if os.path.isdir(tmp_path / "sp") else [])
+    ), "a savepoint was written for a stop that did not happen"
+    before = generated_records(client)
+    wait_generated(client, before + 300)  # the job reads on
+    path = client.stop_with_savepoint(str(tmp_path / "sp"), timeout=90)
+    result = client.wait(90)
+    assert result.restarts >= 1
+    saved = saved_metadata(path)
+    values = check_exactly_once(tmp_path)
+    made = sum(s.made for splits in saved.source_splits.values() for s in splits)
+    assert len(values) == made
+
+
+class Reminders(KeyedProcessFunction):
+    """Each key gets a processing-time timer a second or so after its records; a timer
+    that fires emits (key, its time) once."""
+
+    def process_element(self, value, ctx):
+        timers = ctx.timer_service()
+        timers.register_processing_time_timer((timers.current_processing_time() // 500 + 3) * 500)
+        return None
+
+    def on_timer(self, timestamp, ctx):
+        yield {"key": ctx.get_current_key(), "fired": timestamp}
+
+
+def build_reminders(tmp_path, plan=None):
+    env = StreamExecutionEnvironment.get_execution_environment().set_parallelism(P)
+    env.enable_checkpointing(600_000)  # only savepoints take checkpoints
+    env.get_checkpoint_config().set_checkpoint_storage(str(tmp_path / "chk"))
+    if plan is not None:
+        inject_faults(env, plan)
+    (
+        env.from_source(DataGeneratorSource(records_per_second=2000, batch_size=100), "gen")
+        .uid("gen")
+        .map_batches(with_key, name="with-key")
+        .uid("with-key")
+        .key_by("key")
+        .process(Reminders(), "reminders")
+        .uid("reminders")
+        .sink_to(FileSink(str(tmp_path / "fired"), "parquet"), name="fired")
+        .uid("fired")
+    )
+    return env
+
+
+def test_timers_do_not_fire_after_a_stop_into_output_the_savepoint_makes_again(tmp_path):
+    """The sink dies committing the stop's savepoint: the restarted attempt restores it
+    with its timers pending and only finishes. A timer that fired there would commit
+    output at the final checkpoint that a restore from the savepoint makes again."""
+    job = f"stop-timers-{time.time_ns()}"
+    plan = FaultPlan([Fault(FaultPoint.SINK_DURING_COMMIT, vertex="fired")])
+    client = build_reminders(tmp_path, plan).execute_async(job)
+    wait_generated(client, 400)
+    time.sleep(2.0)  # timers fired: the savepoint's transaction has output to commit
+    path = client.stop_with_savepoint(str(tmp_path / "sp"), timeout=90)
+    assert client.wait(90).restarts == 1
+    client2 = build_reminders(tmp_path).execute_async(job, restore_from=path)
+    wait_generated(client2, 400)
+    time.sleep(2.0)  # the savepoint's timers are due by now
+    client2.stop_with_savepoint(str(tmp_path / "sp2"), timeout=90)
+    fired = committed(tmp_path / "fired")
+    pairs = list(zip(fired.column("key").to_pylist(), fired.column("fired").to_pylist()))
+    assert len(pairs) > 0
+    assert len(set(pairs)) == len(pairs), "a timer's output was committed twice"
+
+
+def test_a_stop_with_savepoint_that_times_out_is_withdrawn_and_the_job_goes_on(tmp_path):
+    """The stop's checkpoint is slow (a subtask stalls after its snapshot) and the caller
+    gives up waiting: the stop is withdrawn (its checkpoint aborted), so the job does not
+    stop later with a savepoint nobody was told of; the job reads on, and a second stop
+    is exactly once."""
+    from rayflow.environment import JobWaitTimeout
+
+    env = build(tmp_path, 1)
+    env.enable_checkpointing(600_000)  # only savepoints take checkpoints
+    env.get_checkpoint_config().set_checkpoint_timeout(120_000)
+    inject_faults(
+        env,
+        FaultPlan([Fault(FaultPoint.AFTER_SNAPSHOT, vertex="Sum", action="sleep", seconds=4)]),
+    )
+    client = env.execute_async(f"stop-slow-{time.time_ns()}")
+    wait_generated(client, 200)
+    with pytest.raises(JobWaitTimeout, match="withdrawn"):
+        client.stop_with_savepoint(str(tmp_path / "sp"), timeout=1.5)
+    time.sleep(4.0)  # the stalled subtask wakes up and acknowledges
+    assert client.get_job_status() is JobState.RUNNING
+    before = generated_records(client)
+    wait_generated(client, before + 200)  # the sources read again
+    assert not any(
+        os.path.exists(os.path.join(tmp_path / "sp", n, "_metadata"))
+        for n in (os.listdir(tmp_path / "sp") if os.path.isdir(tmp_path / "sp") else [])
+    ), "a withdrawn stop wrote a savepoint"
+    assert [c["status"] for c in client.checkpoints()] == ["FAILED"]
+    path = client.stop_with_savepoint(str(tmp_path / "sp"), timeout=90)
+    assert client.get_job_status() is JobState.FINISHED
+    saved = saved_metadata(path)
+    values = check_exactly_once(tmp_path)
+    assert len(values) == sum(s.made for splits in saved.source_splits.values() for s in splits)
+
+
+def test_a_stop_whose_job_finishes_slowly_still_names_its_savepoint(tmp_path):
+    """The stop's savepoint is complete but the job does not finish within the caller's
+    timeout (a sink's final commit is slow): the timeout names the savepoint, which is
+    complete and restores, and the job finishes exactly once."""
+    from rayflow.environment import JobWaitTimeout
+
+    env = build(tmp_path, 1)
+    env.enable_checkpointing(600_000)  # only savepoints take checkpoints
+    plan = FaultPlan(
+        [Fault(FaultPoint.SINK_DURING_COMMIT, vertex="raw", action="sleep", seconds=12)]
+    )
+    inject_faults(env, plan)
+    client = env.execute_async(f"stop-slow-finish-{time.time_ns()}")
+    wait_generated(client, 300)
+    with pytest.raises(JobWaitTimeout, match="stopped with savepoint") as slow:
+        client.stop_with_savepoint(str(tmp_path / "sp"), timeout=6)
+    path = slow.value.savepoint
+    saved = saved_metadata(path)
+    assert saved.savepoint
+    client.wait(60)
+    assert client.get_job_status() is JobState.FINISHED
+    values = check_exactly_once(tmp_path)
+    assert len(values) == sum(s.made for splits in saved.source_splits.values() for s in splits)
+
+
+def test_a_restore_with_another_max_parallelism_is_refused_naming_the_operator(tmp_path):
+    """Keyed state is cut into key groups by the max parallelism: restored under another
+    one, keys would land in other groups (state dropped or given to the wrong subtask).
+    The start is refused naming the keyed operator; the same max parallelism restores."""
+    job = f"max-parallelism-{time.time_ns()}"
+    client = build(tmp_path, 1).execute_async(job)
+    assert wait_for_checkpoints(client, 1, timeout_s=60) >= 1
+    path = client.trigger_savepoint(str(tmp_path / "sp"))
+    assert client.cancel()
+    env = build(tmp_path, 1)
+    env.set_max_parallelism(64)
+    with pytest.raises(ValueError, match=r"(?s)'sum'.*max parallelism 128.*64"):
+        env.execute_async(job, restore_from=path)
+    client = build(tmp_path, 1).execute_async(job, restore_from=path)
+    assert wait_for_checkpoints(client, 1, timeout_s=60) >= 1
+    assert client.cancel()

@@ -852,6 +852,8 @@ def test_hook_points_in_the_job_master():
         HookPoint.DURING_RESTART_DELAY,
         HookPoint.FINAL_NOTIFY,
         HookPoint.DURING_COMMIT_POINT,
+        HookPoint.JOB_MASTER_BEFORE_STOP_RECORD,
+        HookPoint.JOB_MASTER_BEFORE_SAVEPOINT_WRITE,
     }
 
 

@@ -4,6 +4,7 @@ being moved, and matching state to operators by uid."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pickle
 import shutil
@@ -57,6 +58,21 @@ def test_an_unknown_state_version_is_a_clear_error():
         decode_operator_states(bytes(blob), "chk-3/a0-v1-s0.state")
     with pytest.raises(StateFormatError, match="not a rayflow state blob"):
         decode_operator_states(b"garbage", "x")
+
+
+def test_damaged_state_is_an_error_naming_its_operators_that_no_restart_fixes():
+    from rayflow.recoverability import classify
+
+    names = {"sum": "Running sum", "map": "Tag"}
+    blob = bytearray(encode_operator_states({"sum": 1}))
+    blob[len(b"RAYFLOW-STATE\n")] = 9
+    with pytest.raises(StateFormatError, match=r"a0-v1-s0.state \(read for .*'Running sum'"):
+        decode_operator_states(bytes(blob), "a0-v1-s0.state", names)
+    # with in-flight data around it (unaligned checkpoints), torn
+    framed = encode_snapshot(encode_operator_states({"sum": 1}), {})
+    with pytest.raises(StateFormatError, match=r"(?s)'Tag'.*cannot be read") as damaged:
+        decode_snapshot(framed[: len(framed) // 2], "a0-v1-s0.state", names)
+    assert classify(damaged.value) is not None  # not recoverable: the job fails at once
 
 
 def test_state_of_a_class_that_is_gone_names_the_operator_and_only_fails_when_read():
@@ -133,10 +149,34 @@ def test_a_savepoint_is_self_contained_and_restores_after_a_move(tmp_path, capsy
     listing = capsys.readouterr().out
     assert f"savepoint of job 'job' run {meta.run_id} (its checkpoint 7)" in listing
     assert "Sum" in listing
-    with pytest.raises(Exception, match="a savepoint is there already"):
-        write_savepoint(moved, meta, {(0, 0): blob})
+    # written again (a job master that took over after the writer died): left as it is;
+    # another savepoint is never written over it
+    before = open(os.path.join(moved, "_metadata"), "rb").read()
+    assert write_savepoint(moved, meta, {(0, 0): b"other bytes"}) == moved
+    assert open(os.path.join(moved, "_metadata"), "rb").read() == before
+    assert open(entry.path, "rb").read() == blob
+    other = dataclasses.replace(meta, checkpoint_id=8)
+    with pytest.raises(Exception, match="another savepoint is there already"):
+        write_savepoint(moved, other, {(0, 0): blob})
     with pytest.raises(FileNotFoundError, match="no savepoint here"):
         load_savepoint(str(tmp_path / "nothing"))
+
+
+def test_a_savepoint_written_into_its_partial_directory_is_whole(tmp_path):
+    """The writer died after some blobs (no metadata): the directory is no savepoint, and
+    writing it again there makes it whole."""
+    meta = metadata(tmp_path)
+    blob = open(meta.subtasks[(0, 0)].path, "rb").read()
+    where = tmp_path / "sp" / "partial"
+    where.mkdir(parents=True)
+    (where / "a0-v0-s0.state").write_bytes(blob[:5])  # torn
+    assert not is_savepoint(str(where))
+    with pytest.raises(FileNotFoundError, match="no savepoint here"):
+        load_savepoint(str(where))
+    assert write_savepoint(str(where), meta, {(0, 0): blob}) == str(where)
+    loaded = load_savepoint(str(where))
+    data = loaded.blob_storage.read_blob(loaded.subtasks[(0, 0)].path)
+    assert dict(decode_operator_states(data)) == {"sum": {"a": 1}}
 
 
 def test_state_handles_read_a_savepoint_through_its_own_storage(tmp_path):
