@@ -337,6 +337,10 @@ class JobHost:
                 # no answer: its job master is lost (the next one starts after the restart
                 # delay, or finishes a cancel) or busy; the last look says RUNNING, stale
                 state = self._state_unanswered(JobState(snapshot.get("state", JobState.CREATED)))
+            if state.is_terminal:
+                # its end is shown once this host has it (wait and ended agree, and the
+                # job can be removed): until then, what it was while its run is released
+                state = state.while_ending
         records: dict[str, dict[str, int]] = {}
         for m in snapshot.get("metrics") or []:
             r = records.setdefault(m["vertex"], {"records_in": 0, "records_out": 0})

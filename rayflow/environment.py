@@ -222,6 +222,9 @@ class JobClient:
         self._result: JobResult | None = None
         self._guarantees: dict[str, str] = {}
         self._state: JobState | None = None
+        #: the end wait() found while it releases the run (its job master, actors and
+        #: job name): shown as ``JobState.while_ending`` until ``_state`` is set
+        self._ending: JobState | None = None
         self._cancel_requested = False
         self._takeover = threading.Lock()  # one job master takeover at a time
         #: (checkpoint id, savepoint directory) of the stop a lost job master had recorded,
@@ -319,16 +322,28 @@ class JobClient:
     def get_job_status(self, timeout: float | None = None) -> JobState:
         """CREATED, RUNNING, RESTARTING, FINISHED, FAILED, CANCELLING or CANCELED; raises
         Ray's ``GetTimeoutError`` when the job master does not answer within ``timeout``."""
+        known = self._known_state()
+        if known is not None:
+            return known
+        try:
+            return JobState(ray.get(self._master.status.remote(), timeout=timeout)["state"])
+        except ray.exceptions.RayActorError:
+            known = self._known_state()  # killed by wait() as the run ended
+            if known is not None:
+                return known
+            if self._cancel_requested:
+                return JobState.CANCELLING  # its job master is gone: being cleaned up
+            return JobState.RESTARTING if self._settings.checkpointing else JobState.FAILED
+
+    def _known_state(self) -> JobState | None:
+        """The state wait() found, if it found the run's end: terminal once the run is
+        released (its job name free), what it was while that runs."""
         if self._result is not None:
             return JobState.FINISHED
         if self._state is not None:
             return self._state
-        try:
-            return JobState(ray.get(self._master.status.remote(), timeout=timeout)["state"])
-        except ray.exceptions.RayActorError:
-            if self._cancel_requested:
-                return JobState.CANCELLING  # its job master is gone: being cleaned up
-            return JobState.RESTARTING if self._settings.checkpointing else JobState.FAILED
+        ending = self._ending
+        return None if ending is None else ending.while_ending
 
     def failure_history(self) -> list[FailureEntry]:
         """Every failure of the run so far, most recent last; the same failure (operator,
@@ -581,14 +596,16 @@ class JobClient:
                 cause = _unwrap(exc)
                 if self._failure is not None and isinstance(cause, JobCancelledError):
                     cause = JobFailedError(self._failure)  # cleaned up after a final failure
-                self._state = (
+                self._ending = (
                     JobState.CANCELED if isinstance(cause, JobCancelledError) else JobState.FAILED
                 )
                 self._history = getattr(cause, "failure_history", None) or self.failure_history()
                 self._write_output(self._drain_output())
                 self._release()
+                self._state = self._ending  # shown once the job name is free
                 self._report_end(str(cause).strip().splitlines()[0] if str(cause) else "")
                 raise cause from None
+        self._ending = JobState.FINISHED
         lines = self._drain_output()  # what ended attempts printed
         lines.extend(line for o in raw["outputs"].values() for s in o for line in s["output"])
         self._write_output(lines)
@@ -678,35 +695,37 @@ class JobClient:
             try:
                 restarted = self._restart_master(exc)
             except BaseException:
-                self._state = JobState.FAILED
+                self._ending = JobState.FAILED
                 self._release()
+                self._state = self._ending  # shown once the job name is free
                 raise
         if not restarted:
             error = self._lost_master_error(exc)
-            self._outcome = error
             self._release()
+            self._state = self._ending  # shown once the job name is free
+            self._outcome = error
             raise error from None
 
     def _lost_master_error(self, exc: BaseException) -> BaseException:
         """What ``wait()`` raises when the job master is lost and no new one can go on:
-        the end the lost one recorded, if it recorded one (sets ``_state``)."""
+        the end the lost one recorded, if it recorded one (sets ``_ending``)."""
         ended = self._ended_as
         if ended is not None:
             self._history = list(ended.history.entries)
         if ended is not None and ended.state is JobState.FINISHED:
-            self._state = JobState.FINISHED
+            self._ending = JobState.FINISHED
             return JobResultLostError(
                 f"job {self.job_name!r} FINISHED: every record was processed and its final "
                 "checkpoint committed, but its job master was lost before its result "
                 "(outputs, metrics) reached this driver; what its sinks committed is complete"
             )
         if ended is not None and ended.state is JobState.CANCELED and self._failure is None:
-            self._state = JobState.CANCELED
+            self._ending = JobState.CANCELED
             return JobCancelledError(
                 f"job {self.job_name!r} was cancelled (its job master was lost after it had "
                 "cleaned up)"
             )
-        self._state = JobState.FAILED
+        self._ending = JobState.FAILED
         if self._failure is None and ended is not None and ended.state is JobState.FAILED:
             self._failure = RestartSupervisor(ended).failure_message(self.job_name)
         error = JobFailedError(

@@ -27,12 +27,25 @@ class JobState(str, enum.Enum):
     def is_terminal(self) -> bool:
         return self in (JobState.FINISHED, JobState.FAILED, JobState.CANCELED)
 
+    @property
+    def while_ending(self) -> JobState:
+        """What is shown for a run that reached this state while its clean-up still runs
+        (its bundles, holds and job name not yet released): a terminal state is shown
+        only once the job name is free, so RUNNING, FAILING or CANCELLING until then."""
+        return _ENDING.get(self, self)
+
     def can_move_to(self, target: JobState) -> bool:
         return target in _TRANSITIONS[self]
 
     def __str__(self) -> str:
         return self.value
 
+
+_ENDING: dict[JobState, JobState] = {
+    JobState.FINISHED: JobState.RUNNING,
+    JobState.FAILED: JobState.FAILING,
+    JobState.CANCELED: JobState.CANCELLING,
+}
 
 _TRANSITIONS: dict[JobState, frozenset[JobState]] = {
     JobState.CREATED: frozenset(

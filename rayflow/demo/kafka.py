@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from rayflow.demo.kafkabroker import KafkaBroker, KafkaUnavailable, start_broker, stop_broker
+from rayflow.demo.kafkabroker import KafkaBroker, KafkaUnavailable, launch_broker
 from rayflow.demo.targets import SinkKind, Target, TargetError
 from rayflow.guarantees import DeliveryGuarantee
 from rayflow.jobs.orders import ORDER_JSON_TYPE, order_values
@@ -47,8 +47,9 @@ class DemoKafka:
             ) from None
         self.embedded = bootstrap is None
         try:
+            # a broker of its own (never the process's shared one, which close() would stop)
             self.broker = (
-                start_broker() if bootstrap is None else KafkaBroker.at(bootstrap, properties)
+                launch_broker() if bootstrap is None else KafkaBroker.at(bootstrap, properties)
             )
         except (KafkaUnavailable, ValueError) as exc:
             raise TargetError(f"no Kafka broker: {exc}") from None
@@ -80,7 +81,7 @@ class DemoKafka:
 
     def close(self) -> None:
         if self.embedded:
-            stop_broker(self.broker)
+            self.broker.stop()
             return
         for topic in self._topics:
             try:

@@ -68,7 +68,7 @@ def find_binary() -> str:
         raise KafkaUnavailable(f"no executable tansu binary at {path}")
     try:
         done = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30)
-    except OSError as exc:  # another architecture, a missing loader, ...
+    except (OSError, subprocess.SubprocessError) as exc:  # another architecture, a hang, ...
         raise KafkaUnavailable(f"the tansu binary at {path} cannot run here: {exc}") from None
     if done.returncode != 0:
         raise KafkaUnavailable(

@@ -259,8 +259,6 @@ class JobMaster:
         self.recovery_times: list[float] = []
         self.clean_up_failure: str | None = None
         self._ended = asyncio.Event()  # run() returned or raised: see _result / _error
-        #: what status() shows while a terminal state's clean-up runs (see status())
-        self._live_state = JobState.RUNNING
         self._result: dict[str, Any] | None = None
         self._error: BaseException | None = None
         self._running: set[tuple[int, int]] = set()  # subtasks of this attempt that run
@@ -277,13 +275,11 @@ class JobMaster:
     async def status(self) -> dict[str, Any]:
         s = self.supervisor.state
         state = s.state
-        if not state.is_terminal:
-            self._live_state = state
-        elif not self._ended.is_set():
+        if not self._ended.is_set():
             # FINISHED, FAILED or CANCELED is shown once the run is cleaned up (its
             # bundles and holds returned, its job name free): a user who sees it may
             # start the job again at once
-            state = self._live_state
+            state = state.while_ending
         return {
             "state": state,
             "attempt": s.attempt,

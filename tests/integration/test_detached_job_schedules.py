@@ -359,3 +359,31 @@ def test_a_second_submission_of_a_name_while_the_first_starts_is_refused(tmp_pat
         assert os.listdir(tmp_path / "out-b") == []  # the refused one wrote nothing
     finally:
         _forget(name)
+
+
+def test_a_job_shown_finished_can_be_removed_and_submitted_again_at_once(tmp_path):
+    """FINISHED is shown once the job host has the run's outcome (its job master and
+    actors gone, its run lock free): a user who sees it may remove the job and submit
+    its name again at once."""
+
+    def submit(out: str) -> detached.DetachedJob:
+        env = StreamExecutionEnvironment.get_execution_environment()
+        env.from_source(NumberSequenceSource(0, 999, batch_size=100), "numbers").sink_to(
+            FileSink(tmp_path / out), name="files"
+        )
+        return env.execute_detached(name)
+
+    name = f"finished-then-again-{time.time_ns()}"
+    job = submit("first")
+    try:
+        state = job.status()["state"]
+        while not JobState(state).is_terminal:  # the suite's timeout bounds the wait
+            time.sleep(0.005)
+            state = job.status()["state"]
+        assert state == "FINISHED"
+        job.remove()  # refused while the host has not ended
+        again = submit("second")
+        assert again.wait(60) is JobState.FINISHED
+        again.remove()
+    finally:
+        _forget(name)

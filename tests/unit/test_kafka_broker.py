@@ -416,3 +416,18 @@ def test_tansu_deviation_fenced_produce_racing_init_can_hold_a_topic_back(tmp_pa
         print(f"held back after {tries} tries")
     finally:
         broker.stop()
+
+
+def test_the_demo_stops_only_the_broker_it_started(kafka_broker):
+    """``rayflow demo`` run in a process that already has a broker (this session's)
+    starts one of its own and stops only that one: the session's broker still serves."""
+    from rayflow.demo.kafka import DemoKafka
+
+    demo = DemoKafka(None)
+    try:
+        assert demo.broker.bootstrap_servers != kafka_broker.bootstrap_servers
+    finally:
+        demo.close()
+    topic = kafka_broker.create_topic(partitions=1)
+    kafka_broker.produce(topic, ["still-serving"])
+    assert [m.value() for m in kafka_broker.read(topic, timeout_s=30)] == [b"still-serving"]

@@ -1032,3 +1032,12 @@ def test_seeded_kills_rejects_nonsense():
         FaultPlan.seeded_kills(1, -1, 2, 100)
     with pytest.raises(ValueError, match="parallelism"):
         FaultPlan.seeded_kills(1, 1, 0, 100)
+
+
+def test_an_ending_run_shows_the_state_its_end_is_reached_from():
+    for state in JobState:
+        shown = state.while_ending
+        if state.is_terminal:
+            assert not shown.is_terminal and shown.can_move_to(state), (state, shown)
+        else:
+            assert shown is state
