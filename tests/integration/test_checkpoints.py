@@ -22,7 +22,13 @@ N = 200_000
 def test_periodic_and_final_checkpoints_are_recorded(mode, tmp_path):
     env, sink = build_keyed_sum(
         # 2.5 s of input: room for two periodic checkpoints even when each takes ~0.7 s
-        N, 2, 5000, rate=40_000, checkpoint_ms=150, mode=mode, storage=str(tmp_path)
+        N,
+        2,
+        5000,
+        rate=40_000,
+        checkpoint_ms=150,
+        mode=mode,
+        storage=str(tmp_path),
     )
     env.get_checkpoint_config().set_num_retained_checkpoints(2)
     job = unique_job("stats")
