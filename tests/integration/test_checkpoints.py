@@ -50,7 +50,8 @@ def test_periodic_and_final_checkpoints_are_recorded(mode, tmp_path):
         commits = result.commit_latencies("committed")
         assert commits and all(c["commit_s"] >= 0 and c["transactions"] >= 1 for c in commits)
         # commits follow checkpoints: none refers to a checkpoint that never completed
-        assert {c["checkpoint_id"] for c in commits} <= set(ids)
+        # (the statistics keep the last 10 checkpoints: older commits are not checked)
+        assert {c["checkpoint_id"] for c in commits if c["checkpoint_id"] >= ids[0]} <= set(ids)
     # retained: the two newest, each with its metadata, in this run's own directory
     run_dir = tmp_path / job / result.run_id
     assert result.checkpoint_location == str(run_dir)
