@@ -222,6 +222,11 @@ def _detached_lines(job, address: str) -> str:
         f"  checkpoints: rayflow jobs checkpoints {name} {hint}",
     ]
     lines += [f"  sink {sink!r}: {words}" for sink, words in job.guarantees.items()]
+    if job.replaced is not None:
+        lines.append(
+            f"  replaces the ended job of that name (run {job.replaced.get('run_id')}, "
+            f"{job.replaced.get('state')})"
+        )
     return "\n".join(lines)
 
 

@@ -10,11 +10,12 @@ master and the run lock belong to the host, so they outlive the submitting drive
 subtasks and the placement group belong to the job master, as always.
 
 After the run ends (finished, failed or cancelled, and cleaned up), the host stays,
-holding the outcome, until it is removed: ``rayflow jobs status NAME`` shows it and
-``rayflow jobs remove NAME`` frees the name. A second detached submission under a name
-whose host is still there is refused with what holds the name (a live run must be
-cancelled, an ended one removed); the run lock still refuses any second live run of the
-name, attached or detached.
+holding the outcome, until it is removed (``rayflow jobs remove NAME``) or the name is
+submitted again: ``rayflow jobs status NAME`` shows it meanwhile. A detached submission
+under the name of an ended job replaces that job's host (a nightly job resubmitted under
+its name runs; the handle it gets says which run it replaced); under the name of a live
+one it is refused with what holds the name (cancel it first). The run lock still refuses
+any second live run of the name, attached or detached.
 
 The host runs on the head node (when Ray marks one), so losing any other node costs the
 job a restart or a job master takeover, not its host. What is not covered: a job whose host
@@ -436,6 +437,8 @@ class DetachedJob:
     host: Any
     #: each sink's end-to-end guarantee, in words (known to the submitter only)
     guarantees: dict[str, str] = field(default_factory=dict)
+    #: the status of the ended job of the same name this submission replaced, if any
+    replaced: dict[str, Any] | None = None
 
     def status(self, timeout_s: float = 30.0) -> dict[str, Any]:
         """State, ids, times, restarts, failure, last checkpoint and records per operator."""
@@ -510,6 +513,9 @@ def _on_the_head_node() -> dict[str, Any]:
     return {}
 
 
+_ENDED = frozenset(s.value for s in JobState if s.is_terminal)
+
+
 def _refusal(name: str, status: dict[str, Any]) -> ConcurrentRunError:
     state = status.get("state", "UNKNOWN")
     if state in (s.value for s in JobState if s.is_terminal):
@@ -550,6 +556,7 @@ def submit(
 
     name = settings.job_name
     submitted_at = time.time()
+    replaced: dict[str, Any] | None = None
     for _ in range(50):
         try:
             host = JobHost.options(
@@ -568,6 +575,15 @@ def submit(
             continue
         except ray.exceptions.GetTimeoutError:
             status = {"state": "UNKNOWN (its host did not answer within 30 s)"}
+        try:
+            ended = status.get("state") in _ENDED and _ask(existing.ended.remote, timeout_s=30)
+        except ray.exceptions.RayActorError:
+            continue  # removed or replaced meanwhile
+        if ended:
+            # a rerun of an ended job (a nightly job, say): its record gives way
+            ray.kill(existing, no_restart=True)
+            replaced = status
+            continue
         raise _refusal(name, status)
     else:
         raise ConcurrentRunError(f"job {name!r}: could not register its detached job name")
@@ -582,4 +598,6 @@ def submit(
                 "(no room for it on the head node?)"
             ) from None
         raise _unwrap(exc) from None
-    return DetachedJob(name, ids["job_id"], ids["run_id"], host, dict(guarantees))
+    return DetachedJob(
+        name, ids["job_id"], ids["run_id"], host, dict(guarantees), replaced=replaced
+    )

@@ -114,10 +114,14 @@ def test_a_lost_job_host_shows_its_job_failed_and_leaves_nothing_running(tmp_pat
         assert found.cancel() is JobState.FAILED  # nothing to cancel
         assert not job_placement_groups(job.job_id)
         assert not _run_lock_held(name)
-        # the name stays taken until the ended job is removed, as for any ended job
-        with pytest.raises(ConcurrentRunError, match="rayflow jobs remove"):
-            _unbounded_env(tmp_path).execute_detached(name)
-        found.remove()
+        # a resubmission of the name replaces the ended job's record and runs
+        again = _unbounded_env(tmp_path).execute_detached(name)
+        assert again.replaced is not None and again.replaced["run_id"] == job.run_id
+        assert again.replaced["state"] == "FAILED"
+        assert again.run_id != job.run_id
+        assert again.status()["state"] in ("CREATED", "RUNNING")
+        assert again.cancel() is JobState.CANCELED
+        again.remove()
         _until(lambda: _host(name) is None, 30, "the job host to go")
     finally:
         _forget(name)

@@ -109,6 +109,7 @@ def test_a_detached_job_outlives_its_driver_and_cancels_cleanly(tmp_path):
     assert f"job {name!r} submitted detached" in submitted.stdout
     assert "not reached" not in submitted.stdout
     job_id = re.search(r"job id (\w+)", submitted.stdout).group(1)
+    run_id = re.search(r"run ([\w-]+)\)", submitted.stdout).group(1)
     try:
         # the submitting driver has exited; the job runs on and commits output
         _until(lambda: _committed(out), 120, "committed part files after the driver exited")
@@ -151,11 +152,18 @@ def test_a_detached_job_outlives_its_driver_and_cancels_cleanly(tmp_path):
         assert _in_progress(out) == []
         assert _committed(out)
 
-        # the ended job stays inspectable, and its name stays taken until it is removed
+        # the ended job stays inspectable until it is removed or its name submitted again
         status = _rayflow("jobs", "status", name, "--address", address)
         assert status.returncode == 1 and f"job {name!r}: CANCELED" in status.stdout
         again = _rayflow("run", "--detach", "--address", address, *job_args)
-        assert again.returncode == 1 and "rayflow jobs remove" in again.stderr
+        assert again.returncode == 0, again.stderr
+        assert "replaces the ended job of that name" in again.stdout
+        assert f"run {run_id}, CANCELED" in again.stdout
+        status = _rayflow("jobs", "status", name, "--address", address)
+        assert f"job {name!r}: RUNNING" in status.stdout or "CREATED" in status.stdout
+        assert run_id not in status.stdout
+        cancelled = _rayflow("jobs", "cancel", name, "--address", address)
+        assert cancelled.returncode == 0, cancelled.stderr
         removed = _rayflow("jobs", "remove", name, "--address", address)
         assert removed.returncode == 0, removed.stderr
         assert _until(lambda: not _host_there(name), 30, "the job host to go")
