@@ -29,8 +29,7 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-from rayflow.recoverability import MissingInputError
-from rayflow.sources import SourceReader, SourceSplit, _copy_rows, _read_table, batch_rows
+from rayflow.sources import SourceReader, SourceSplit, _copy_rows, _open_table, batch_rows
 
 if TYPE_CHECKING:
     from rayflow.sources import FileSource
@@ -115,17 +114,7 @@ class MonitoringFileReader(SourceReader):
         """The next batch of ``split``'s current file; None (and the file done) at its end."""
         assert split.path is not None
         if self._open is None or self._open[0] != split.path:
-            fs = self._source.filesystem()
-            try:
-                table = _read_table(fs, split.path, self._source.format)
-            except FileNotFoundError as exc:
-                raise MissingInputError(
-                    f"FileSource: {split.path!r} is gone (it was found while monitoring)"
-                ) from exc
-            except Exception as exc:
-                raise ValueError(
-                    f"FileSource: cannot read {split.path!r} as {self._source.format}: {exc}"
-                ) from exc
+            table = _open_table(self._source, split.path, "it was found while monitoring")
             self._open = (split.path, table)
         table = self._open[1]
         if split.rows_read >= table.num_rows:

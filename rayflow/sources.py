@@ -381,6 +381,17 @@ class FileSplit(SourceSplit):
     done: bool = False
 
 
+def _open_table(source: Any, path: str, known: str) -> pa.Table:
+    """``path`` of a ``FileSource`` read whole; a file gone since it was found (``known``
+    says when) or one that does not parse as the source's format is a clear error."""
+    try:
+        return _read_table(source.filesystem(), path, source.format)
+    except FileNotFoundError as exc:
+        raise MissingInputError(f"FileSource: {path!r} is gone ({known})") from exc
+    except Exception as exc:
+        raise ValueError(f"FileSource: cannot read {path!r} as {source.format}: {exc}") from exc
+
+
 def _read_table(fs: Any, path: str, fmt: str) -> pa.Table:
     if fmt == "parquet":
         import pyarrow.parquet as pq
@@ -406,17 +417,7 @@ class _FileReader(_SequentialReader):
         if split.done:
             return None
         if self._open is None or self._open[0] != split.path:
-            fs = self._source.filesystem()
-            try:
-                table = _read_table(fs, split.path, self._source.format)
-            except FileNotFoundError as exc:
-                raise MissingInputError(
-                    f"FileSource: {split.path!r} is gone (it was there when the job started)"
-                ) from exc
-            except Exception as exc:
-                raise ValueError(
-                    f"FileSource: cannot read {split.path!r} as {self._source.format}: {exc}"
-                ) from exc
+            table = _open_table(self._source, split.path, "it was there when the job started")
             self._open = (split.path, table)
         table = self._open[1]
         if split.rows_read >= table.num_rows:

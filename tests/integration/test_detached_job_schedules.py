@@ -20,32 +20,9 @@ from rayflow.errors import ConcurrentRunError
 from rayflow.runtime.placement import job_placement_groups
 from rayflow.status import JobState
 from sinks.files import FileSink
-
-
-def _until(predicate, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        found = predicate()
-        if found:
-            return found
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def _job_actors(job_id: str) -> list[str]:
-    return [
-        a["name"]
-        for a in ray.util.list_named_actors(all_namespaces=True)
-        if a["name"].startswith(f"rayflow:{job_id}:")
-    ]
-
-
-def _run_lock_held(name: str) -> bool:
-    try:
-        ray.get_actor(f"rayflow-run:{name}", namespace="rayflow")
-        return True
-    except ValueError:
-        return False
+from tests.integration.detached_support import job_actors as _job_actors
+from tests.integration.detached_support import run_lock_held as _run_lock_held
+from tests.integration.detached_support import until as _until
 
 
 def _host(name: str):

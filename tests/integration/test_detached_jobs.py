@@ -2,7 +2,7 @@
 would: a driver process submits with ``run --detach`` and exits; the job runs on; other
 processes list it, refuse a second submission of its name, cancel it (subtasks dead, run
 lock released, the file sink's open transactions aborted, placement group removed), show
-the cancelled job and then remove it."""
+the cancelled job, replace it by a new submission of its name, cancel and remove that."""
 
 from __future__ import annotations
 
@@ -16,6 +16,15 @@ import ray
 
 from rayflow.runtime.placement import job_placement_groups
 from rayflow.status import JobState
+from tests.integration.detached_support import in_progress as _in_progress
+from tests.integration.detached_support import job_actors as _job_actors
+from tests.integration.detached_support import run_lock_held as _run_lock_held
+from tests.integration.detached_support import until
+
+
+def _until(predicate, timeout_s: float, what: str):
+    return until(predicate, timeout_s, what, poll_s=0.5)
+
 
 JOB = """
 import sys
@@ -52,40 +61,10 @@ def _rayflow(*args: str, timeout_s: float = 180.0) -> subprocess.CompletedProces
     )
 
 
-def _until(predicate, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        found = predicate()
-        if found:
-            return found
-        time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def _committed(directory) -> list[str]:
     if not os.path.isdir(directory):
         return []
     return [n for n in os.listdir(directory) if not n.startswith(".")]
-
-
-def _in_progress(directory) -> list[str]:
-    return [n for n in os.listdir(directory) if n.startswith(".")]
-
-
-def _job_actors(job_id: str) -> list[str]:
-    return [
-        a["name"]
-        for a in ray.util.list_named_actors(all_namespaces=True)
-        if a["name"].startswith(f"rayflow:{job_id}:")
-    ]
-
-
-def _run_lock_held(name: str) -> bool:
-    try:
-        ray.get_actor(f"rayflow-run:{name}", namespace="rayflow")
-        return True
-    except ValueError:
-        return False
 
 
 def _host_there(name: str) -> bool:
