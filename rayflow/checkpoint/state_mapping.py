@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import warnings
 from collections import Counter
+from typing import Any
 
 from rayflow.checkpoint.metadata import CheckpointMetadata
 from rayflow.plan.logical import LogicalPlan
+from rayflow.plan.partitioners import PartitionKind
 from rayflow.plan.physical import JobGraph
 
 __all__ = [
@@ -31,13 +33,24 @@ class MissingUidWarning(UserWarning):
     """A restored job has operators without an explicit uid."""
 
 
-def operators_without_uid(plan: LogicalPlan) -> list[str]:
-    """Names of the sources, operators and sinks of ``plan`` without an explicit uid."""
+def operators_without_uid(plan: LogicalPlan, holding: set[str] | None = None) -> list[str]:
+    """Names of the sources, operators and sinks of ``plan`` without an explicit uid; with
+    ``holding`` (the uids that hold state in a restore point), only those that may have
+    state: sources, sinks, keyed operators, and those whose uid from their place in the
+    plan holds state there (a stateless ``map`` needs no uid)."""
     return [
         t.name
         for t in sorted(plan.transformations.values(), key=lambda t: t.id)
-        if t.kind != "union" and t.uid is None
+        if t.kind != "union"
+        and t.uid is None
+        and (holding is None or _may_hold_state(t) or f"{t.kind}-{t.id}" in holding)
     ]
+
+
+def _may_hold_state(t: Any) -> bool:
+    return t.kind in ("source", "sink") or any(
+        e.partitioner.kind is PartitionKind.HASH for e in t.inputs
+    )
 
 
 def _graph_uids(graph: JobGraph) -> list[str]:
@@ -49,13 +62,17 @@ def _graph_uids(graph: JobGraph) -> list[str]:
     return uids
 
 
-def unmatched_state(graph: JobGraph, restore: CheckpointMetadata) -> dict[str, str]:
-    """uid -> operator name of every operator of ``restore`` that held state and that no
-    operator of ``graph`` takes."""
+def _holding_state(restore: CheckpointMetadata) -> set[str]:
     held: set[str] = set(restore.source_splits)
     for entry in restore.subtasks.values():
         held.update(entry.uids_with_state)
-    missing = held - set(_graph_uids(graph))
+    return held
+
+
+def unmatched_state(graph: JobGraph, restore: CheckpointMetadata) -> dict[str, str]:
+    """uid -> operator name of every operator of ``restore`` that held state and that no
+    operator of ``graph`` takes."""
+    missing = _holding_state(restore) - set(_graph_uids(graph))
     return {uid: restore.operator_names.get(uid, uid) for uid in sorted(missing)}
 
 
@@ -91,7 +108,7 @@ def check_state_mapping(
             f"{where}: uids {repeated} are given to more than one operator; each operator's "
             "uid must be unique (state is matched by uid)"
         )
-    anonymous = operators_without_uid(plan) if plan is not None else []
+    anonymous = operators_without_uid(plan, _holding_state(restore)) if plan is not None else []
     if anonymous:
         warnings.warn(
             f"{where}: operators {anonymous} have no explicit uid; their state is matched by "

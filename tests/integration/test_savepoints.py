@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
+import warnings
 
 import numpy as np
 import pyarrow as pa
@@ -167,13 +168,23 @@ def test_savepoint_of_a_running_job_restores_and_warns_about_missing_uids(tmp_pa
     assert wait_for_checkpoints(client, 1, timeout_s=60) >= 1
     assert client.cancel()
 
-    # a stateless operator without a uid: a warning naming it, and the job restores
+    # a stateless operator without a uid: nothing to match, no warning; the job restores
     env = build(tmp_path, 1)
     for t in env._plan.transformations.values():
         if t.uid == "with-key":
             t.uid = None
-    with pytest.warns(MissingUidWarning, match="with-key"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", MissingUidWarning)
         client = env.execute_async(job, restore_from=path)
+    assert wait_for_checkpoints(client, 1, timeout_s=60) >= 1
+    assert client.cancel()
+    # the keyed sum without a uid (its state dropped on request): a warning naming it
+    env = build(tmp_path, 1)
+    for t in env._plan.transformations.values():
+        if t.uid == "sum":
+            t.uid = None
+    with pytest.warns(MissingUidWarning, match=r"\['[^']*'\] have no explicit uid"):
+        client = env.execute_async(job, restore_from=path, allow_non_restored_state=True)
     assert wait_for_checkpoints(client, 1, timeout_s=60) >= 1
     assert client.cancel()
 

@@ -235,3 +235,25 @@ def test_operators_without_uid_warn_and_duplicate_uids_are_refused(tmp_path):
     env = job("out")  # refused when the job graph is built, before any restore
     with pytest.raises(ValueError, match=r"uid 'out' names two operators, 'Sum' and 'out'"):
         check_state_mapping(env._plan, env.get_job_graph(), meta, True, "restore")
+
+
+def test_a_stateless_operator_without_uid_is_not_warned_about(tmp_path):
+    meta = metadata(tmp_path)
+    env = StreamExecutionEnvironment.get_execution_environment()
+    (
+        env.from_source(NumberSequenceSource(0, 9), "numbers")
+        .uid("source-0")
+        .map_batches(lambda b: b, name="relay")  # stateless, no uid: nothing to match
+        .key_by("value")
+        .sum("value")
+        .uid("sum")
+        .sink_to(CollectSink(), name="out")
+        .uid("out")
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_state_mapping(env._plan, env.get_job_graph(), meta, False, "restore")
+    # the same job with its keyed sum left without a uid is warned about, by name
+    env = job(None)
+    with pytest.warns(MissingUidWarning, match=r"operators \['Sum'\] have no"):
+        check_state_mapping(env._plan, env.get_job_graph(), meta, True, "restore")
