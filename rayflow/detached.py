@@ -519,10 +519,12 @@ _ENDED = frozenset(s.value for s in JobState if s.is_terminal)
 def _refusal(name: str, status: dict[str, Any]) -> ConcurrentRunError:
     state = status.get("state", "UNKNOWN")
     if state in (s.value for s in JobState if s.is_terminal):
+        # shown ended, but its host has not (yet again) cleaned the run up: a host that
+        # Ray restarted after its process died, cleaning up; replaced once it is done
         return ConcurrentRunError(
-            f"a detached job named {name!r} ended {state} (run {status.get('run_id')}) and is "
-            f"kept for inspection (rayflow jobs status {name}); remove it "
-            f"(rayflow jobs remove {name}) before submitting the name again"
+            f"a detached job named {name!r} ended {state} (run {status.get('run_id')}) and "
+            f"its job host is cleaning the run up again (its process died); submit the name "
+            f"again once rayflow jobs status {name} shows it ended"
         )
     return ConcurrentRunError(
         f"detached job {name!r} is {state} (run {status.get('run_id')}); wait for it or "

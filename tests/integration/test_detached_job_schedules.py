@@ -368,3 +368,93 @@ def test_a_job_shown_finished_can_be_removed_and_submitted_again_at_once(tmp_pat
         again.remove()
     finally:
         _forget(name)
+
+
+def test_two_resubmissions_of_an_ended_name_start_one_job_and_refuse_the_other(tmp_path):
+    """Two submissions of the name of an ended job race: each sees the ended host and
+    replaces it, but exactly one new job starts under the name (its handle says which run
+    it replaced); the other is refused with what holds the name, and wrote nothing."""
+
+    def env_for(out: str) -> StreamExecutionEnvironment:
+        env = StreamExecutionEnvironment.get_execution_environment()
+        env.from_source(
+            NumberSequenceSource(0, 10**9, batch_size=200, records_per_second=2000), "numbers"
+        ).sink_to(FileSink(tmp_path / out), name="files")
+        return env
+
+    name = f"replaced-twice-{time.time_ns()}"
+    first = env_for("first")
+    old = first.execute_detached(name)
+    try:
+        assert old.cancel() is JobState.CANCELED
+        envs = {"a": env_for("out-a"), "b": env_for("out-b")}
+        barrier = threading.Barrier(2)
+        outcomes: dict[str, object] = {}
+
+        def submit(tag: str) -> None:
+            barrier.wait()
+            try:
+                outcomes[tag] = envs[tag].execute_detached(name)
+            except ConcurrentRunError as exc:
+                outcomes[tag] = exc
+
+        threads = [threading.Thread(target=submit, args=(t,)) for t in envs]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        started = {t: o for t, o in outcomes.items() if isinstance(o, detached.DetachedJob)}
+        refused = {t: o for t, o in outcomes.items() if isinstance(o, ConcurrentRunError)}
+        assert len(started) == 1 and len(refused) == 1, outcomes
+        [(tag, job)] = started.items()
+        [(other, error)] = refused.items()
+        assert job.replaced is not None and job.replaced["run_id"] == old.run_id
+        assert job.replaced["state"] == "CANCELED"
+        assert name in str(error)
+        found = detached.find(name)
+        assert found.run_id == job.run_id
+        assert found.status()["state"] in ("CREATED", "RUNNING")
+        assert job.cancel() is JobState.CANCELED
+        assert not os.path.exists(tmp_path / f"out-{other}") or not [
+            n for n in os.listdir(tmp_path / f"out-{other}") if not n.startswith(".")
+        ]
+        job.remove()
+    finally:
+        _forget(name)
+
+
+def test_a_resubmission_while_an_ended_jobs_host_restarts_never_kills_it_mid_clean_up(
+    tmp_path,
+):
+    """The host of an ended job dies (Ray restarts it, and the restarted host cleans the
+    run up again) just as the name is submitted again. The submission may hear the ended
+    job from the dying process (then its kill lands on the restarting host, whose clean-up
+    repeats what the ended run had already done) or from the restarted host once it has
+    ended again; while it cleans up, the submission is refused, saying so (not that the job
+    must be removed, which is refused too meanwhile). Either way the name ends up with
+    exactly the new job, the replaced one shown with the end its run recorded, and nothing
+    of the old job left."""
+    name = f"replaced-while-restarting-{time.time_ns()}"
+    old = _unbounded_env(tmp_path).execute_detached(name)
+    try:
+        _until(lambda: _running_with_a_checkpoint(old), 60, "the job running")
+        assert old.cancel() is JobState.CANCELED
+        ray.kill(old.host, no_restart=False)  # its process dies: Ray restarts it
+        refusals = []
+        while True:  # the suite's timeout bounds the loop
+            try:
+                job = _unbounded_env(tmp_path).execute_detached(name)
+                break
+            except ConcurrentRunError as exc:
+                refusals.append(str(exc))
+                time.sleep(0.05)
+        assert job.replaced is not None and job.replaced["run_id"] == old.run_id
+        assert job.replaced["state"] == "CANCELED", job.replaced
+        for text in refusals:
+            assert "remove it" not in text, text
+        assert not job_placement_groups(old.job_id)
+        assert job.status()["state"] in ("CREATED", "RUNNING")
+        assert job.cancel() is JobState.CANCELED
+        job.remove()
+    finally:
+        _forget(name)
