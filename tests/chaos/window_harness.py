@@ -130,9 +130,10 @@ def outcome(result, sums_sink: CollectSink, late_sink: CollectSink) -> WindowOut
     table = result.sink_result(sums_sink)
     sums: dict[tuple[int, int], int] = {}
     emitted: Counter = Counter()
-    for k, start, end, v in zip(
-        *(table.column(c).to_pylist() for c in ("k", "window_start", "window_end", "v"))
-    ):
+    columns = ("k", "window_start", "window_end", "v")
+    # a run that fired no window (stopped before its first) collected no batch, so no schema
+    rows = zip(*(table.column(c).to_pylist() for c in columns)) if table.num_rows else ()
+    for k, start, end, v in rows:
         assert end - start == WINDOW_MS
         sums[(k, start)] = v
         emitted[(k, start)] += 1
