@@ -60,7 +60,13 @@ from rayflow.sink import Sink
 from rayflow.sources import CollectionSource, Source
 from rayflow.status import FailureKind, JobState
 
-__all__ = ["StreamExecutionEnvironment", "JobClient", "JobResult", "CollectedRecords"]
+__all__ = [
+    "StreamExecutionEnvironment",
+    "JobClient",
+    "JobResult",
+    "CollectedRecords",
+    "request_savepoint",
+]
 
 
 #: Ray's inline-argument limit rayflow sets when it starts a local Ray: messages of up to
@@ -188,6 +194,36 @@ class _MasterLost(Exception):
 class JobWaitTimeout(ray.exceptions.GetTimeoutError):
     """``JobClient.wait(timeout)`` ran out; the job keeps running. A ``TimeoutError`` (and,
     for code written against earlier versions, Ray's ``GetTimeoutError``)."""
+
+
+def request_savepoint(
+    master: Any, directory: str, stop: bool, timeout: float | None, job: str
+) -> str:
+    """Ask job master ``master`` for a savepoint into ``directory`` (with ``stop``: and
+    to stop there) and return its directory. When ``timeout`` runs out the request is
+    withdrawn, so that the job does not stop, nor a savepoint appear, after the caller
+    was told there is none; one taken meanwhile stands and is returned. Otherwise raises
+    :class:`JobWaitTimeout`; Ray's errors of the call pass through."""
+    request_id = uuid.uuid4().hex
+    try:
+        return ray.get(
+            master.trigger_savepoint.remote(directory, stop, request_id), timeout=timeout
+        )
+    except ray.exceptions.GetTimeoutError:
+        pass
+    try:
+        taken = ray.get(master.withdraw_savepoint.remote(request_id), timeout=120)
+    except Exception as exc:  # noqa: BLE001 - the job master does not answer
+        raise JobWaitTimeout(
+            f"{job}: no savepoint after {timeout:g} s, and it could not be withdrawn "
+            f"({type(exc).__name__}): it may still be taken" + (" and stop the job" if stop else "")
+        ) from None
+    if taken is not None:
+        return taken
+    raise JobWaitTimeout(
+        f"{job}: no savepoint after {timeout:g} s; the request was withdrawn (its checkpoint, "
+        "if started, aborted) and the job goes on"
+    )
 
 
 class JobClient:
@@ -472,28 +508,8 @@ class JobClient:
             raise SavepointError(f"job {self.job_name!r} has ended: no savepoint")
         if "://" not in path:
             path = os.path.abspath(path)
-        request_id = uuid.uuid4().hex
         try:
-            return ray.get(
-                self._master.trigger_savepoint.remote(path, stop, request_id), timeout=timeout
-            )
-        except ray.exceptions.GetTimeoutError:
-            # Withdrawn: the job must not stop, nor a savepoint appear, after this said
-            # there is none. One taken already stands: returned.
-            try:
-                taken = ray.get(self._master.withdraw_savepoint.remote(request_id), timeout=120)
-            except Exception as exc:  # noqa: BLE001 - the job master does not answer
-                raise JobWaitTimeout(
-                    f"job {self.job_name!r}: no savepoint after {timeout:g} s, and it could "
-                    f"not be withdrawn ({type(exc).__name__}): it may still be taken"
-                    + (" and stop the job" if stop else "")
-                ) from None
-            if taken is not None:
-                return taken
-            raise JobWaitTimeout(
-                f"job {self.job_name!r}: no savepoint after {timeout:g} s; the request was "
-                "withdrawn (its checkpoint, if started, aborted) and the job goes on"
-            ) from None
+            return request_savepoint(self._master, path, stop, timeout, f"job {self.job_name!r}")
         except ray.exceptions.RayActorError as exc:
             if stop:
                 raise _MasterLost(str(exc).strip().splitlines()[0] if str(exc) else "") from None

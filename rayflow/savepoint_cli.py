@@ -14,7 +14,6 @@ import argparse
 import os
 import re
 import sys
-import uuid
 from typing import Any
 
 __all__ = ["add_subcommand", "add_arguments", "find_job_master", "savepoint"]
@@ -46,31 +45,16 @@ def savepoint(job_id: str, directory: str, stop: bool = False, timeout: float = 
     stop it there); returns the savepoint's directory."""
     import ray
 
+    from rayflow.environment import JobWaitTimeout, request_savepoint
     from rayflow.runtime.job_master import _unwrap
 
     if "://" not in directory:
         directory = os.path.abspath(directory)
     master = find_job_master(job_id)
-    request_id = uuid.uuid4().hex
     try:
-        return ray.get(
-            master.trigger_savepoint.remote(directory, stop, request_id), timeout=timeout
-        )
-    except ray.exceptions.GetTimeoutError:
-        # withdrawn, so that the job does not stop after this said it did not
-        try:
-            taken = ray.get(master.withdraw_savepoint.remote(request_id), timeout=120)
-        except Exception as exc:  # noqa: BLE001 - the job master does not answer
-            raise TimeoutError(
-                f"job {job_id}: no savepoint after {timeout:g} s, and it could not be "
-                f"withdrawn ({type(exc).__name__}): it may still be taken"
-            ) from None
-        if taken is not None:
-            return taken
-        raise TimeoutError(
-            f"job {job_id}: no savepoint after {timeout:g} s; the request was withdrawn and "
-            "the job goes on"
-        ) from None
+        return request_savepoint(master, directory, stop, timeout, f"job {job_id}")
+    except JobWaitTimeout:
+        raise
     except ray.exceptions.RayActorError as exc:
         raise LookupError(f"job {job_id}: its job master is gone ({exc})") from None
     except Exception as exc:  # noqa: BLE001 - the cause, not Ray's wrapper

@@ -571,11 +571,14 @@ def test_timers_do_not_fire_after_a_stop_into_output_the_savepoint_makes_again(t
     assert len(set(pairs)) == len(pairs), "a timer's output was committed twice"
 
 
-def test_a_stop_with_savepoint_that_times_out_is_withdrawn_and_the_job_goes_on(tmp_path):
+@pytest.mark.parametrize("caller", ["client", "command line"])
+def test_a_stop_with_savepoint_that_times_out_is_withdrawn_and_the_job_goes_on(
+    tmp_path, caller, capsys
+):
     """The stop's checkpoint is slow (a subtask stalls after its snapshot) and the caller
-    gives up waiting: the stop is withdrawn (its checkpoint aborted), so the job does not
-    stop later with a savepoint nobody was told of; the job reads on, and a second stop
-    is exactly once."""
+    (a JobClient, or ``rayflow savepoint --stop`` by job id) gives up waiting: the stop is
+    withdrawn (its checkpoint aborted), so the job does not stop later with a savepoint
+    nobody was told of; the job reads on, and a second stop is exactly once."""
     from rayflow.environment import JobWaitTimeout
 
     env = build(tmp_path, 1)
@@ -587,8 +590,14 @@ def test_a_stop_with_savepoint_that_times_out_is_withdrawn_and_the_job_goes_on(t
     )
     client = env.execute_async(f"stop-slow-{time.time_ns()}")
     wait_generated(client, 200)
-    with pytest.raises(JobWaitTimeout, match="withdrawn"):
-        client.stop_with_savepoint(str(tmp_path / "sp"), timeout=1.5)
+    if caller == "client":
+        with pytest.raises(JobWaitTimeout, match="withdrawn"):
+            client.stop_with_savepoint(str(tmp_path / "sp"), timeout=1.5)
+    else:
+        capsys.readouterr()
+        argv = ["savepoint", "--stop", "--timeout", "1.5", client.job_id, str(tmp_path / "sp")]
+        assert cli_main(argv) == 2
+        assert "withdrawn" in capsys.readouterr().err
     time.sleep(4.0)  # the stalled subtask wakes up and acknowledges
     assert client.get_job_status() is JobState.RUNNING
     before = generated_records(client)
