@@ -6,12 +6,20 @@ actor owned by the driver: a subtask's rows are pre-committed into the checkpoin
 and handed to the collector when the checkpoint completes, keyed by transaction
 id, so a commit repeated after a failure is not counted twice. It can give every
 guarantee, which makes it the reference sink for exactly-once tests.
+
+The CollectSinks set up by one process share one collector actor (a Ray actor is a
+process of its own: one per sink would cost a process start per job), each sink
+keeping its own transactions under its own id; a sink's rows are dropped from the
+collector when the sink object is garbage collected in that process.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+import threading
+import uuid
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -54,31 +62,70 @@ class PrintSink(Sink):
         return _PrintWriter(prefix)
 
 
+@dataclass
+class _Collected:
+    """What one CollectSink committed: transactions by id, and plain appends."""
+
+    committed: dict[str, tuple[int, int, bytes]] = field(default_factory=dict)
+    commit_calls: int = 0
+    visible_batches: list[tuple[str, bytes]] = field(default_factory=list)
+
+
 @ray.remote(num_cpus=0, max_restarts=0)
 class _Collector:
-    """Committed transactions of one CollectSink, keyed by transaction id."""
+    """Committed transactions of the CollectSinks of one process, by sink id and
+    transaction id."""
 
     def __init__(self) -> None:
-        self.committed: dict[str, tuple[int, int, bytes]] = {}
-        self.commit_calls = 0
-        self.visible_batches: list[tuple[str, bytes]] = []
+        self.sinks: dict[str, _Collected] = {}
 
-    def commit(self, txn_id: str, subtask: int, sequence: int, data: bytes) -> bool:
-        self.commit_calls += 1
-        if txn_id in self.committed:
+    def commit(self, sink_id: str, txn_id: str, subtask: int, sequence: int, data: bytes) -> bool:
+        sink = self.sinks.setdefault(sink_id, _Collected())
+        sink.commit_calls += 1
+        if txn_id in sink.committed:
             return False
-        self.committed[txn_id] = (subtask, sequence, data)
+        sink.committed[txn_id] = (subtask, sequence, data)
         return True
 
-    def append(self, txn_id: str, data: bytes) -> None:
-        self.visible_batches.append((txn_id, data))
+    def append(self, sink_id: str, txn_id: str, data: bytes) -> None:
+        self.sinks.setdefault(sink_id, _Collected()).visible_batches.append((txn_id, data))
 
-    def contents(self) -> dict[str, Any]:
-        ordered = sorted(self.committed.items(), key=lambda kv: (kv[1][0], kv[1][1], kv[0]))
+    def contents(self, sink_id: str) -> dict[str, Any]:
+        sink = self.sinks.get(sink_id) or _Collected()
+        ordered = sorted(sink.committed.items(), key=lambda kv: (kv[1][0], kv[1][1], kv[0]))
         return {
-            "transactions": [(t, d) for t, (_, _, d) in ordered] + self.visible_batches,
-            "commit_calls": self.commit_calls,
+            "transactions": [(t, d) for t, (_, _, d) in ordered] + sink.visible_batches,
+            "commit_calls": sink.commit_calls,
         }
+
+    def release(self, sink_id: str) -> None:
+        self.sinks.pop(sink_id, None)
+
+
+#: This process's collector on each Ray cluster it joined (by node id and Ray job id).
+_collectors: dict[tuple[str, str], Any] = {}
+_collectors_lock = threading.Lock()
+
+
+def _collector_here() -> Any:
+    """The collector shared by this process's CollectSinks: it stands for the outside
+    world, so it lives on this process's node, whatever happens to the job's nodes."""
+    context = ray.get_runtime_context()
+    key = (context.get_node_id(), context.get_job_id())
+    with _collectors_lock:
+        collector = _collectors.get(key)
+        if collector is None:
+            here = NodeAffinitySchedulingStrategy(key[0], False)
+            collector = _Collector.options(scheduling_strategy=here).remote()
+            _collectors[key] = collector
+        return collector
+
+
+def _release(collector: Any, sink_id: str) -> None:
+    try:
+        collector.release.remote(sink_id)
+    except Exception:  # noqa: BLE001 - Ray is shut down: the collector went with it
+        pass
 
 
 @dataclass
@@ -190,13 +237,14 @@ class CollectSink(TwoPhaseCommittingSink[_Buffer, CollectCommittable]):
         super().__init__(delivery_guarantee, rolling_policy)
         #: the collector actor (a handle: it pickles into every subtask), from ``setup``
         self._collector = None
+        #: this sink's key in the collector
+        self._sink_id = uuid.uuid4().hex
 
     def setup(self, job_name: str, guarantee: Any = None) -> None:
         if self._collector is None:
-            # The collector stands for the outside world: it lives on the driver's node,
-            # whatever happens to the nodes the job runs on.
-            here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), False)
-            self._collector = _Collector.options(scheduling_strategy=here).remote()
+            self._collector = _collector_here()
+            # the rows stay collected while this sink object lives in this process
+            weakref.finalize(self, _release, self._collector, self._sink_id).atexit = False
 
     def _require(self):
         if self._collector is None:
@@ -247,11 +295,11 @@ class CollectSink(TwoPhaseCommittingSink[_Buffer, CollectCommittable]):
     ) -> CommitOutcome:
         collector = self._require()
         if (guarantee or self.delivery_guarantee) is DeliveryGuarantee.EXACTLY_ONCE:
-            new = collector.commit.remote(*committable).future().result()
+            new = collector.commit.remote(self._sink_id, *committable).future().result()
             return CommitOutcome.committed() if new else CommitOutcome.already_committed()
         # Without exactly-once, commits are plain appends: a replayed transaction
         # shows up again, as it would in any write-through store.
-        collector.append.remote(committable[0], committable[3]).future().result()
+        collector.append.remote(self._sink_id, committable[0], committable[3]).future().result()
         return CommitOutcome.committed()
 
     def commit(self, committable: CollectCommittable) -> None:
@@ -270,7 +318,7 @@ class CollectSink(TwoPhaseCommittingSink[_Buffer, CollectCommittable]):
         """Called once per subtask attempt when its writer closes (nothing to release)."""
 
     def merge_results(self, results: list[Any]) -> pa.Table:
-        contents = ray.get(self._require().contents.remote())
+        contents = ray.get(self._require().contents.remote(self._sink_id))
         self.commit_calls = contents["commit_calls"]
         tables = [_from_ipc(data) for _, data in contents["transactions"]]
         if not tables:

@@ -176,7 +176,7 @@ class _CollectTarget(_Target):
         return sink
 
     def transactions(self, sink: CollectSink) -> list[tuple[str, bytes]]:
-        return ray.get(sink._collector.contents.remote())["transactions"]
+        return ray.get(sink._collector.contents.remote(sink._sink_id))["transactions"]
 
     def union(self, problems: list[str]) -> pa.Table:
         """Every run's commits, one per transaction id, in (subtask, sequence) order."""
@@ -198,9 +198,9 @@ class _CollectTarget(_Target):
         return _key_value(tables)
 
     def close(self) -> None:
-        for sink in self.all:  # the collectors would outlive the seed otherwise
+        for sink in self.all:  # their rows would outlive the seed otherwise
             if sink._collector is not None:
-                ray.kill(sink._collector, no_restart=True)
+                sink._collector.release.remote(sink._sink_id)
                 sink._collector = None
 
 

@@ -293,3 +293,33 @@ def test_slow_sink_keeps_batches_in_flight_bounded():
     assert len(gaps) > 10, "the job should run long enough to be observed"
     assert max(gaps) <= bound_rows
     assert max(gaps) >= batch_rows, "the slow sink should hold the source back"
+
+
+def test_collect_sinks_of_one_process_share_a_collector_and_keep_their_rows_apart():
+    """One collector actor stands for the outside world of every CollectSink this
+    process sets up: each sink reads back only its own rows (at-least-once appends and
+    exactly-once transactions alike), and a sink's rows go once the sink is collected."""
+    import gc
+
+    from rayflow import DeliveryGuarantee
+
+    def run(values, guarantee):
+        e = env(1).enable_checkpointing(60_000)
+        sink = CollectSink(guarantee)
+        e.from_collection([{"v": v} for v in values]).sink_to(sink)
+        return sink, e.execute().sink_result(sink)
+
+    a, rows_a = run([1, 2], DeliveryGuarantee.EXACTLY_ONCE)
+    b, rows_b = run([3], DeliveryGuarantee.AT_LEAST_ONCE)
+    assert a._collector._actor_id == b._collector._actor_id
+    assert rows_a.column("v").to_pylist() == [1, 2]
+    assert rows_b.column("v").to_pylist() == [3]
+    collector, sink_id = a._collector, a._sink_id
+    assert ray.get(collector.contents.remote(sink_id))["transactions"]
+    del a, rows_a
+    gc.collect()
+    deadline = time.time() + 30
+    while ray.get(collector.contents.remote(sink_id))["transactions"]:
+        assert time.time() < deadline, "a collected sink's rows stayed in the collector"
+        time.sleep(0.1)
+    assert ray.get(collector.contents.remote(b._sink_id))["transactions"], "b's rows went too"
