@@ -388,3 +388,14 @@ def test_a_late_commit_for_a_collected_sink_is_not_kept():
     gc.collect()
     ray.get(collector.commit.remote(sink_id, *late))  # after the release: calls keep order
     assert ray.get(collector.contents.remote(sink_id))["transactions"] == []
+
+
+def test_a_collect_sink_run_again_under_the_same_job_name_keeps_the_rerun_rows():
+    """One sink object used for two fresh runs of the same job name (a rerun, not a
+    restore) is one outside world holding both runs' rows: the rerun's transactions are
+    not taken for the first run's, so none of its rows is dropped as committed before."""
+    from rayflow import DeliveryGuarantee
+
+    sink = CollectSink(DeliveryGuarantee.EXACTLY_ONCE)
+    assert _collect_run(sink, [1, 2]) == [1, 2]
+    assert sorted(_collect_run(sink, [3])) == [1, 2, 3]
