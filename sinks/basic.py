@@ -315,8 +315,11 @@ class CollectSink(TwoPhaseCommittingSink[_Buffer, CollectCommittable]):
     # --- the transaction steps ----------------------------------------------------------
 
     def begin_transaction(self, context: SinkContext, sequence: int) -> _Buffer:
+        # the run is in the id: a rerun of the job name with this sink object (not a
+        # restore) starts its sequences again, and its transactions are new ones
+        run = f"{context.run_tag()}-" if context.run_id else ""
         return _Buffer(
-            f"{self.transaction_prefix(context)}{sequence}", context.subtask_index, sequence
+            f"{self.transaction_prefix(context)}{run}{sequence}", context.subtask_index, sequence
         )
 
     def write(self, transaction: _Buffer, batch: pa.RecordBatch) -> None:
