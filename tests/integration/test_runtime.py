@@ -399,3 +399,46 @@ def test_a_collect_sink_run_again_under_the_same_job_name_keeps_the_rerun_rows()
     sink = CollectSink(DeliveryGuarantee.EXACTLY_ONCE)
     assert _collect_run(sink, [1, 2]) == [1, 2]
     assert sorted(_collect_run(sink, [3])) == [1, 2, 3]
+
+
+_RERUN_AFTER_RAY_REINIT = """
+import ray
+from rayflow import RestartStrategies, StreamExecutionEnvironment
+from sinks.basic import CollectSink
+
+
+def run(sink, values):
+    e = StreamExecutionEnvironment.get_execution_environment().set_parallelism(1)
+    e.enable_checkpointing(60_000).set_restart_strategy(RestartStrategies.no_restart())
+    e.from_collection([{"v": v} for v in values]).sink_to(sink)
+    return e.execute().sink_result(sink).column("v").to_pylist()
+
+
+sink = CollectSink()
+ray.init(address="local", include_dashboard=False, logging_level="WARNING", num_cpus=2)
+assert run(sink, [1]) == [1]
+ray.shutdown()
+ray.init(address="local", include_dashboard=False, logging_level="WARNING", num_cpus=2)
+print("rerun:", run(sink, [2]))
+ray.shutdown()
+"""
+
+
+def test_a_collect_sink_runs_again_after_ray_is_started_anew_in_the_process(tmp_path):
+    """A driver that shuts Ray down and starts it again (a new cluster) and runs a job
+    with a sink of an earlier job: the sink gets a collector of the new cluster, not the
+    handle of one that went with the old (whose use takes the process down)."""
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "rerun.py"
+    script.write_text(_RERUN_AFTER_RAY_REINIT)
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    child_env = dict(os.environ, PYTHONPATH=root)
+    child_env.pop("RAY_ADDRESS", None)
+    done = subprocess.run(
+        [sys.executable, str(script)], cwd=root, env=child_env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "rerun: [2]" in done.stdout
