@@ -150,8 +150,14 @@ def _collector_here() -> Any:
 
 
 def _owned_here(collector: Any) -> bool:
+    """Whether ``collector`` is this process's collector on the Ray it is connected to
+    (not one of an earlier connection, nor one that was replaced)."""
+    if not ray.is_initialized():
+        return False
+    context = ray.get_runtime_context()
     with _collectors_lock:
-        return any(c._actor_id == collector._actor_id for c in _collectors.values())
+        current = _collectors.get((context.get_node_id(), context.get_job_id()))
+    return current is not None and current._actor_id == collector._actor_id
 
 
 def _hold(sink: CollectSink) -> None:
@@ -292,7 +298,10 @@ class CollectSink(TwoPhaseCommittingSink[_Buffer, CollectCommittable]):
             _hold(self)  # a copy in the process that set it up: its rows stay while it lives
 
     def setup(self, job_name: str, guarantee: Any = None) -> None:
-        if self._collector is None:
+        # A sink of an earlier job keeps its collector (its rows so far stay with it),
+        # unless that one is not this process's on the Ray it is connected to now: the
+        # handle of a collector that went with an earlier Ray must not travel.
+        if self._collector is None or not _owned_here(self._collector):
             self._sink_id = uuid.uuid4().hex  # drawn here: copies made before are sinks apart
             self._collector = _collector_here()
             # the rows stay collected while this sink object (or a copy) lives here
