@@ -9,8 +9,12 @@ guarantee, which makes it the reference sink for exactly-once tests.
 
 The CollectSinks set up by one process share one collector actor (a Ray actor is a
 process of its own: one per sink would cost a process start per job), each sink
-keeping its own transactions under its own id; a sink's rows are dropped from the
-collector when the sink object is garbage collected in that process.
+keeping its own transactions under its own id, drawn when the sink is set up (so
+copies made before that are sinks of their own). A copy made after it (as every
+subtask's is) writes the same rows. A sink's rows are dropped from the collector once
+no copy of it is left in the process that set it up, and a commit arriving for it
+after that is not kept. A collector that is gone (killed, its process died) is
+replaced for the sinks set up afterwards.
 """
 
 from __future__ import annotations
@@ -78,9 +82,16 @@ class _Collector:
 
     def __init__(self) -> None:
         self.sinks: dict[str, _Collected] = {}
+        #: ids of sinks whose rows went: a late commit for one is not kept
+        self.released: set[str] = set()
+
+    def _sink(self, sink_id: str) -> _Collected:
+        if sink_id in self.released:
+            return _Collected()  # nobody reads it any more: kept nowhere
+        return self.sinks.setdefault(sink_id, _Collected())
 
     def commit(self, sink_id: str, txn_id: str, subtask: int, sequence: int, data: bytes) -> bool:
-        sink = self.sinks.setdefault(sink_id, _Collected())
+        sink = self._sink(sink_id)
         sink.commit_calls += 1
         if txn_id in sink.committed:
             return False
@@ -88,7 +99,7 @@ class _Collector:
         return True
 
     def append(self, sink_id: str, txn_id: str, data: bytes) -> None:
-        self.sinks.setdefault(sink_id, _Collected()).visible_batches.append((txn_id, data))
+        self._sink(sink_id).visible_batches.append((txn_id, data))
 
     def contents(self, sink_id: str) -> dict[str, Any]:
         sink = self.sinks.get(sink_id) or _Collected()
@@ -100,28 +111,68 @@ class _Collector:
 
     def release(self, sink_id: str) -> None:
         self.sinks.pop(sink_id, None)
+        self.released.add(sink_id)
 
 
-#: This process's collector on each Ray cluster it joined (by node id and Ray job id).
+#: This process's collector on the Ray cluster it is connected to (by node id and Ray
+#: job id; an entry of an earlier connection goes when the next one sets a sink up).
 _collectors: dict[tuple[str, str], Any] = {}
-_collectors_lock = threading.Lock()
+#: How many sink objects of this process hold each sink id (copies share it).
+_holders: dict[str, int] = {}
+#: Reentrant: a finalizer may run (garbage collection) in a thread that holds it.
+_collectors_lock = threading.RLock()
+
+
+def _alive(collector: Any) -> bool:
+    try:
+        ray.get(collector.__ray_ready__.remote())
+    except ray.exceptions.RayActorError:
+        return False
+    return True
 
 
 def _collector_here() -> Any:
     """The collector shared by this process's CollectSinks: it stands for the outside
-    world, so it lives on this process's node, whatever happens to the job's nodes."""
+    world, so it lives on this process's node, whatever happens to the job's nodes. One
+    that is gone is replaced."""
     context = ray.get_runtime_context()
     key = (context.get_node_id(), context.get_job_id())
     with _collectors_lock:
         collector = _collectors.get(key)
-        if collector is None:
-            here = NodeAffinitySchedulingStrategy(key[0], False)
-            collector = _Collector.options(scheduling_strategy=here).remote()
-            _collectors[key] = collector
+    if collector is not None and _alive(collector):
         return collector
+    with _collectors_lock:
+        if _collectors.get(key) is collector:  # not replaced meanwhile by another thread
+            here = NodeAffinitySchedulingStrategy(key[0], False)
+            _collectors.clear()  # any other key is of an earlier Ray connection
+            _collectors[key] = _Collector.options(scheduling_strategy=here).remote()
+        return _collectors[key]
+
+
+def _owned_here(collector: Any) -> bool:
+    """Whether ``collector`` is this process's collector on the Ray it is connected to
+    (not one of an earlier connection, nor one that was replaced)."""
+    if not ray.is_initialized():
+        return False
+    context = ray.get_runtime_context()
+    with _collectors_lock:
+        current = _collectors.get((context.get_node_id(), context.get_job_id()))
+    return current is not None and current._actor_id == collector._actor_id
+
+
+def _hold(sink: CollectSink) -> None:
+    """Count ``sink`` as a holder of its rows until it is garbage collected."""
+    with _collectors_lock:
+        _holders[sink._sink_id] = _holders.get(sink._sink_id, 0) + 1
+    weakref.finalize(sink, _release, sink._collector, sink._sink_id).atexit = False
 
 
 def _release(collector: Any, sink_id: str) -> None:
+    with _collectors_lock:
+        left = _holders.pop(sink_id, 1) - 1
+        if left > 0:
+            _holders[sink_id] = left
+            return
     try:
         collector.release.remote(sink_id)
     except Exception:  # noqa: BLE001 - Ray is shut down: the collector went with it
@@ -237,14 +288,24 @@ class CollectSink(TwoPhaseCommittingSink[_Buffer, CollectCommittable]):
         super().__init__(delivery_guarantee, rolling_policy)
         #: the collector actor (a handle: it pickles into every subtask), from ``setup``
         self._collector = None
-        #: this sink's key in the collector
-        self._sink_id = uuid.uuid4().hex
+        #: this sink's key in the collector, from ``setup``
+        self._sink_id: str | None = None
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        collector = self._collector
+        if collector is not None and _owned_here(collector):
+            _hold(self)  # a copy in the process that set it up: its rows stay while it lives
 
     def setup(self, job_name: str, guarantee: Any = None) -> None:
-        if self._collector is None:
+        # A sink of an earlier job keeps its collector (its rows so far stay with it),
+        # unless that one is not this process's on the Ray it is connected to now: the
+        # handle of a collector that went with an earlier Ray must not travel.
+        if self._collector is None or not _owned_here(self._collector):
+            self._sink_id = uuid.uuid4().hex  # drawn here: copies made before are sinks apart
             self._collector = _collector_here()
-            # the rows stay collected while this sink object lives in this process
-            weakref.finalize(self, _release, self._collector, self._sink_id).atexit = False
+            # the rows stay collected while this sink object (or a copy) lives here
+            _hold(self)
 
     def _require(self):
         if self._collector is None:
@@ -263,8 +324,11 @@ class CollectSink(TwoPhaseCommittingSink[_Buffer, CollectCommittable]):
     # --- the transaction steps ----------------------------------------------------------
 
     def begin_transaction(self, context: SinkContext, sequence: int) -> _Buffer:
+        # the run is in the id: a rerun of the job name with this sink object (not a
+        # restore) starts its sequences again, and its transactions are new ones
+        run = f"{context.run_tag()}-" if context.run_id else ""
         return _Buffer(
-            f"{self.transaction_prefix(context)}{sequence}", context.subtask_index, sequence
+            f"{self.transaction_prefix(context)}{run}{sequence}", context.subtask_index, sequence
         )
 
     def write(self, transaction: _Buffer, batch: pa.RecordBatch) -> None:

@@ -323,3 +323,122 @@ def test_collect_sinks_of_one_process_share_a_collector_and_keep_their_rows_apar
         assert time.time() < deadline, "a collected sink's rows stayed in the collector"
         time.sleep(0.1)
     assert ray.get(collector.contents.remote(b._sink_id))["transactions"], "b's rows went too"
+
+
+def _collect_run(sink: CollectSink, values: list[int]) -> list[int]:
+    from rayflow import RestartStrategies
+
+    e = env(1).enable_checkpointing(60_000).set_restart_strategy(RestartStrategies.no_restart())
+    e.from_collection([{"v": v} for v in values]).sink_to(sink)
+    return e.execute().sink_result(sink).column("v").to_pylist()
+
+
+def test_copies_of_a_collect_sink_made_before_their_jobs_keep_their_rows_apart():
+    """A sink built once and copied for each job (copy, deepcopy or a pickle round trip,
+    before any job set it up) gives each copy its own rows, as separate sinks do."""
+    import copy
+    import pickle
+
+    template = CollectSink()
+    a, b, c = copy.copy(template), copy.deepcopy(template), pickle.loads(pickle.dumps(template))
+    assert _collect_run(a, [1, 2]) == [1, 2]
+    assert _collect_run(b, [3]) == [3]
+    assert _collect_run(c, [4]) == [4]
+
+
+def test_a_lost_collector_does_not_take_the_later_collect_sinks_with_it():
+    """The collector stands for the outside world of one sink's run; once it is gone
+    (killed, or its process died), a sink set up afterwards gets a collector that lives."""
+    first = CollectSink()
+    assert _collect_run(first, [1]) == [1]
+    ray.kill(first._collector, no_restart=True)
+    second = CollectSink()
+    assert _collect_run(second, [2]) == [2]
+
+
+def test_a_collected_sink_leaves_the_rows_of_a_copy_made_after_its_setup():
+    """A copy of a sink that was set up writes to the same rows (as the subtasks' copies
+    do); collecting the original in this process leaves them to the copy still in use."""
+    import copy
+    import gc
+
+    from sinks.basic import _to_ipc
+
+    original = CollectSink()
+    original.setup("job")
+    twin = copy.copy(original)
+    twin.commit(("t0", 0, 0, _to_ipc([pa.record_batch({"v": [7]})])))
+    del original
+    gc.collect()
+    assert twin.merge_results([]).column("v").to_pylist() == [7]
+
+
+def test_a_late_commit_for_a_collected_sink_is_not_kept():
+    """Once a sink is collected, a commit still on its way for it (a subtask of an
+    earlier attempt, say) does not leave rows in the long-lived shared collector."""
+    import gc
+
+    from sinks.basic import _to_ipc
+
+    sink = CollectSink()
+    sink.setup("job")
+    collector, sink_id = sink._collector, sink._sink_id
+    late = ("t0", 0, 0, _to_ipc([pa.record_batch({"v": [7]})]))
+    del sink
+    gc.collect()
+    ray.get(collector.commit.remote(sink_id, *late))  # after the release: calls keep order
+    assert ray.get(collector.contents.remote(sink_id))["transactions"] == []
+
+
+def test_a_collect_sink_run_again_under_the_same_job_name_keeps_the_rerun_rows():
+    """One sink object used for two fresh runs of the same job name (a rerun, not a
+    restore) is one outside world holding both runs' rows: the rerun's transactions are
+    not taken for the first run's, so none of its rows is dropped as committed before."""
+    from rayflow import DeliveryGuarantee
+
+    sink = CollectSink(DeliveryGuarantee.EXACTLY_ONCE)
+    assert _collect_run(sink, [1, 2]) == [1, 2]
+    assert sorted(_collect_run(sink, [3])) == [1, 2, 3]
+
+
+_RERUN_AFTER_RAY_REINIT = """
+import ray
+from rayflow import RestartStrategies, StreamExecutionEnvironment
+from sinks.basic import CollectSink
+
+
+def run(sink, values):
+    e = StreamExecutionEnvironment.get_execution_environment().set_parallelism(1)
+    e.enable_checkpointing(60_000).set_restart_strategy(RestartStrategies.no_restart())
+    e.from_collection([{"v": v} for v in values]).sink_to(sink)
+    return e.execute().sink_result(sink).column("v").to_pylist()
+
+
+sink = CollectSink()
+ray.init(address="local", include_dashboard=False, logging_level="WARNING", num_cpus=2)
+assert run(sink, [1]) == [1]
+ray.shutdown()
+ray.init(address="local", include_dashboard=False, logging_level="WARNING", num_cpus=2)
+print("rerun:", run(sink, [2]))
+ray.shutdown()
+"""
+
+
+def test_a_collect_sink_runs_again_after_ray_is_started_anew_in_the_process(tmp_path):
+    """A driver that shuts Ray down and starts it again (a new cluster) and runs a job
+    with a sink of an earlier job: the sink gets a collector of the new cluster, not the
+    handle of one that went with the old (whose use takes the process down)."""
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "rerun.py"
+    script.write_text(_RERUN_AFTER_RAY_REINIT)
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    child_env = dict(os.environ, PYTHONPATH=root)
+    child_env.pop("RAY_ADDRESS", None)
+    done = subprocess.run(
+        [sys.executable, str(script)], cwd=root, env=child_env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "rerun: [2]" in done.stdout
