@@ -187,9 +187,12 @@ class _CollectTarget(_Target):
                     problems.append(f"transaction {txn} committed twice with different rows")
                 merged.setdefault(txn, data)
 
-        def order(txn: str) -> tuple[int, int, str]:
-            head, subtask, sequence = txn.rsplit("_", 2)
-            return int(subtask), int(sequence), head
+        def order(txn: str) -> tuple[int, int, str, str]:
+            # <job>_<uid>_<subtask>_<run>-<sequence>: a restored run goes on with the
+            # sequences of the checkpoint it restored (runs are time-sorted names)
+            head, subtask, last = txn.rsplit("_", 2)
+            run, _, sequence = last.rpartition("-")
+            return int(subtask), int(sequence), run, head
 
         tables = [
             pa.ipc.open_stream(pa.py_buffer(merged[t])).read_all()
