@@ -20,7 +20,8 @@ Two modes:
   operators opened in this process and driven the way a subtask drives them (batches
   from the source's reader, each vertex's output handed to the next, every batch
   between vertices pickled and unpickled as the transport would, a snapshot of every
-  operator every ``--snapshot-every`` batches). Fast to iterate and to profile::
+  operator every ``--snapshot-every`` batches), with the collector settings of a
+  subtask's process (``--default-gc`` keeps Python's). Fast to iterate and to profile::
 
       py-spy record -o /tmp/chain.svg -- env PYTHONPATH=. python benchmarks/per_record.py chain
 
