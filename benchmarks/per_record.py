@@ -20,7 +20,8 @@ Two modes:
   operators opened in this process and driven the way a subtask drives them (batches
   from the source's reader, each vertex's output handed to the next, every batch
   between vertices pickled and unpickled as the transport would, a snapshot of every
-  operator every ``--snapshot-every`` batches). Fast to iterate and to profile::
+  operator every ``--snapshot-every`` batches), with the collector settings of a
+  subtask's process (``--default-gc`` keeps Python's). Fast to iterate and to profile::
 
       py-spy record -o /tmp/chain.svg -- env PYTHONPATH=. python benchmarks/per_record.py chain
 
@@ -38,6 +39,7 @@ mode prints which rayflow the workers ran.
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import pickle
 import shutil
@@ -163,6 +165,17 @@ def job_mode(args: argparse.Namespace) -> None:
 # --- the operator chain in this process ---------------------------------------------------
 
 
+def _tune_gc_as_a_subtask() -> str:
+    """The collector settings a subtask's actor process runs with (where this rayflow
+    has them); returns them in words."""
+    try:
+        from rayflow.runtime.gc_tuning import tune_gc
+    except ImportError:
+        return f"gc thresholds {gc.get_threshold()} (this rayflow does not tune them)"
+    tune_gc()
+    return f"gc thresholds {gc.get_threshold()} (as a subtask's process)"
+
+
 def run_chain(records: int, snapshot_every: int) -> tuple[float, float]:
     sink = MaxSink()
     env = make_env(tempfile.gettempdir())
@@ -254,6 +267,7 @@ def run_chain(records: int, snapshot_every: int) -> tuple[float, float]:
 
 
 def chain_mode(args: argparse.Namespace) -> None:
+    print(_tune_gc_as_a_subtask() if not args.default_gc else f"gc thresholds {gc.get_threshold()}")
     rates, cpu_rates = [], []
     for _ in range(args.repeat):
         elapsed, cpu = run_chain(args.records, args.snapshot_every)
@@ -277,6 +291,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--parallelism", type=int, default=1)
     parser.add_argument("--snapshot-every", type=int, default=100)
+    parser.add_argument(
+        "--default-gc",
+        action="store_true",
+        help="chain: keep Python's collector settings (not a subtask's)",
+    )
     args = parser.parse_args(argv)
     if args.records is None:
         args.records = 10_000_000 if args.mode == "job" else 2_000_000

@@ -60,6 +60,7 @@ from rayflow.runtime.records import (
     OutputRecords,
     batch_to_columns,
     batch_to_rows,
+    iter_columns,
 )
 from rayflow.sink import Sink, SinkContext
 from rayflow.state import KeyedStateBackend
@@ -182,7 +183,7 @@ class MapOperator(_UserFunctionOperator):
 
     def process(self, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
         batch, timestamps = split_timestamps(batch)
-        out = self._out.build(list(map(self._call, batch_to_rows(batch))))
+        out = self._out.build(list(map(self._call, iter_columns(batch)[0])))
         return out if timestamps is None else attach_timestamps(out, timestamps.to_pylist())
 
 
@@ -282,6 +283,18 @@ class _KeyedOperator(_UserFunctionOperator):
             return rows, list(map(self.key.key_of, rows))
         return rows, map(self.key.key_of, rows)
 
+    def _lazy_rows_and_keys(self, batch: pa.RecordBatch) -> tuple[Iterable[dict[str, Any]], Any]:
+        """As :meth:`_rows_and_keys` for a loop that reads each record once, in order:
+        where the key is a column of its own the records are built one at a time as the
+        loop reads them (:func:`iter_columns`)."""
+        key = self.key.key
+        if isinstance(key, str):
+            names = batch.schema.names
+            if names.count(key) == 1:
+                rows, columns = iter_columns(batch)
+                return rows, columns[names.index(key)]
+        return self._rows_and_keys(batch)
+
     def snapshot_state(self, checkpoint_id: int) -> Any:
         return self.backend.snapshot()
 
@@ -307,9 +320,9 @@ class KeyedReduceOperator(_KeyedOperator):
         self._out = self._output()
 
     def process(self, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
-        rows, keys = self._rows_and_keys(batch)
-        if not rows:
+        if not batch.num_rows:
             return []
+        rows, keys = self._lazy_rows_and_keys(batch)
         backend, call, name = self.backend, self._call, self.STATE
         tables, table_of_key = self._tables, backend.table_of_key
         set_key = backend.set_current_key if self._sets_key else None

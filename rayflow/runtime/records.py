@@ -29,7 +29,7 @@ only when a key is missing or a count differs is the batch unified record by rec
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from operator import itemgetter
 from typing import Any
 
@@ -40,6 +40,7 @@ from rayflow.errors import RecordError, SchemaChangeError
 __all__ = [
     "batch_to_rows",
     "batch_to_columns",
+    "iter_columns",
     "rows_to_batch",
     "rows_to_batches",
     "OutputRecords",
@@ -48,31 +49,32 @@ __all__ = [
     "YIELDS_RECORDS",
 ]
 
-_BUILDERS: dict[tuple[str, ...], Callable[..., list[dict[str, Any]]]] = {}
+_BUILDERS: dict[tuple[tuple[str, ...], bool], Callable[..., Any]] = {}
 _MAX_BUILDERS = 256
 
 
-def _compile_builder(names: tuple[str, ...]) -> Callable[..., list[dict[str, Any]]]:
+def _compile_builder(names: tuple[str, ...], lazy: bool) -> Callable[..., Any]:
     # Names only ever enter the source as repr() literals of str, so any column name
     # is safe here; arguments and loop variables are positional (c0.., v0..).
     columns = ", ".join(f"c{i}" for i in range(len(names)))
     items = ", ".join(f"{name!r}: v{i}" for i, name in enumerate(names))
     if len(names) == 1:
-        body = f"[{{{items}}} for v0 in c0]"
+        body = f"{{{items}}} for v0 in c0"
     else:
         values = ", ".join(f"v{i}" for i in range(len(names)))
-        body = f"[{{{items}}} for {values} in zip({columns})]"
+        body = f"{{{items}}} for {values} in zip({columns})"
+    body = f"({body})" if lazy else f"[{body}]"
     namespace: dict[str, Any] = {}
     exec(f"def build_rows({columns}):\n    return {body}\n", namespace)  # noqa: S102
     return namespace["build_rows"]
 
 
-def _builder(names: tuple[str, ...]) -> Callable[..., list[dict[str, Any]]]:
-    builder = _BUILDERS.get(names)
+def _builder(names: tuple[str, ...], lazy: bool = False) -> Callable[..., Any]:
+    builder = _BUILDERS.get((names, lazy))
     if builder is None:
         if len(_BUILDERS) >= _MAX_BUILDERS:
             _BUILDERS.clear()
-        builder = _BUILDERS[names] = _compile_builder(names)
+        builder = _BUILDERS[names, lazy] = _compile_builder(names, lazy)
     return builder
 
 
@@ -82,6 +84,17 @@ def batch_to_columns(batch: pa.RecordBatch) -> tuple[list[dict[str, Any]], list[
     if not columns:
         return [{} for _ in range(batch.num_rows)], columns
     return _builder(tuple(batch.schema.names))(*columns), columns
+
+
+def iter_columns(batch: pa.RecordBatch) -> tuple[Iterator[dict[str, Any]], list[list[Any]]]:
+    """``(iter(batch.to_pylist()), [column.to_pylist() for every column])``, the dicts
+    built one at a time as the iterator is read: a record the reader does not keep is
+    freed before the next is built, so its memory is reused while it is still in cache
+    (a batch's worth of dicts alive at once is megabytes)."""
+    columns = [column.to_pylist() for column in batch.columns]
+    if not columns:
+        return ({} for _ in range(batch.num_rows)), columns
+    return _builder(tuple(batch.schema.names), True)(*columns), columns
 
 
 def batch_to_rows(batch: pa.RecordBatch) -> list[dict[str, Any]]:

@@ -81,6 +81,7 @@ from rayflow.runtime.events import (
     WatermarkStatus,
 )
 from rayflow.runtime.fence import AttemptFence
+from rayflow.runtime.gc_tuning import tune_for_subtask
 from rayflow.runtime.hooks import HookPoint, SubtaskHooks
 from rayflow.runtime.latency import DEFAULT_LATENCY_TRACKING_INTERVAL_MS, LatencyTracker
 from rayflow.runtime.operators import Operator, OperatorContext
@@ -300,6 +301,7 @@ class _RecordWriter:
 class SubtaskActor:
     def __init__(self, deployment: SubtaskDeployment) -> None:
         if not hasattr(self, "_threads"):
+            tune_for_subtask()  # this actor's own process: fewer collector runs
             self._threads = 0  # threads started by any attempt that are still running
             self._threads_lock = threading.Lock()
             # The mailbox's event loop. Control calls run in their own concurrency group,

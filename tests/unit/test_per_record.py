@@ -23,7 +23,13 @@ from rayflow.runtime.operators import (
     MapOperator,
     OperatorContext,
 )
-from rayflow.runtime.records import batch_to_columns, batch_to_rows, rows_to_batch, rows_to_batches
+from rayflow.runtime.records import (
+    batch_to_columns,
+    batch_to_rows,
+    iter_columns,
+    rows_to_batch,
+    rows_to_batches,
+)
 from rayflow.state import KeyedStateBackend, ValueStateDescriptor
 
 MAXP = 128
@@ -89,6 +95,14 @@ def test_batch_to_rows_equals_to_pylist(name):
     rows2, columns = batch_to_columns(batch)
     assert repr(rows2) == repr(expected)
     assert repr(columns) == repr([c.to_pylist() for c in batch.columns])
+    lazy, columns3 = iter_columns(batch)
+    assert not isinstance(lazy, list)
+    rows3 = list(lazy)
+    assert repr(rows3) == repr(expected)
+    assert [[type(v) for v in r.values()] for r in rows3] == [
+        [type(v) for v in r.values()] for r in expected
+    ]
+    assert repr(columns3) == repr([c.to_pylist() for c in batch.columns])
 
 
 def test_rows_are_fresh_dicts():
@@ -96,6 +110,17 @@ def test_rows_are_fresh_dicts():
     rows[0]["key"] = "changed"
     assert batch_to_rows(BATCHES["two columns"])[0]["key"] == 0
     assert len({id(r) for r in rows}) == len(rows)
+
+
+def test_lazy_rows_are_fresh_dicts_built_as_they_are_read():
+    batch = BATCHES["two columns"]
+    lazy, _ = iter_columns(batch)
+    first = next(lazy)
+    first["key"] = "changed"
+    rest = list(lazy)
+    assert [first, *rest][1:] == batch.to_pylist()[1:]
+    assert next(iter_columns(batch)[0])["key"] == 0
+    assert len({id(r) for r in [first, *rest]}) == batch.num_rows
 
 
 # --- rows -> batch ------------------------------------------------------------------------
