@@ -385,3 +385,53 @@ def test_backend_key_tables_point_into_the_key_groups():
     assert backend.snapshot() == {
         key_group_of("k", MAXP): pickle.dumps({"s": {"k": 1}}, protocol=pickle.HIGHEST_PROTOCOL)
     }
+
+
+# --- a user function raising StopIteration is an error, never the end of the batch ---------
+
+
+def _stops_at(n: int):
+    def fn(*args: Any) -> Any:
+        record = args[-1]
+        if record["value"] == n:
+            raise StopIteration("user code")
+        return args[0] if len(args) == 1 else record
+
+    return fn
+
+
+def _stopping_operators():
+    yield "map", MapOperator(_stops_at(5))
+    yield "filter", FilterOperator(lambda r: _stops_at(5)(r) is not None)
+    yield "flat_map", FlatMapOperator(lambda r: [_stops_at(5)(r)])
+    yield "reduce (function)", KeyedReduceOperator(KeySelector("key"), _stops_at(5))
+    yield (
+        "key function (reduce)",
+        KeyedReduceOperator(KeySelector(lambda r: _stops_at(5)(r)["key"]), lambda a, b: b),
+    )
+    yield (
+        "key function (tuple-free, process)",
+        KeyedProcessOperator(KeySelector(lambda r: _stops_at(5)(r)["key"]), _EchoProcess()),
+    )
+
+
+class _EchoProcess(KeyedProcessFunction):
+    def process_element(self, value, ctx):
+        yield value
+
+
+@pytest.mark.parametrize("name", [n for n, _ in _stopping_operators()])
+def test_stop_iteration_from_user_code_fails_the_batch_instead_of_dropping_records(name):
+    op = dict(_stopping_operators())[name]
+    opened(op)
+    batch = pa.record_batch({"key": np.arange(10) % 3, "value": np.arange(10)})
+    # Not pytest.raises: a StopIteration leaving its block is not reported as raised.
+    try:
+        out = op.process(batch)
+    except StopIteration:
+        pytest.fail(f"{name}: StopIteration escaped the operator (a caller's loop ends there)")
+    except Exception as exc:  # noqa: BLE001 - any error naming it will do
+        assert "StopIteration" in str(exc) and "'op'" in str(exc), str(exc)
+    else:
+        rows = sum(b.num_rows for b in out)
+        pytest.fail(f"{name}: the batch of 10 records ended after {rows} without an error")
