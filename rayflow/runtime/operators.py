@@ -23,7 +23,7 @@ which keeps each operator's output in one schema and names records that are not 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from itertools import repeat
 from operator import itemgetter
@@ -164,6 +164,25 @@ class _UserFunctionOperator(Operator):
         _call_close(self.function)
 
 
+def _stopped(what: str, part: str = "function") -> RuntimeError:
+    """The error for a user function that raised StopIteration: inside ``map()`` or a
+    ``for`` loop it would otherwise end the batch early, dropping the records after it."""
+    return RuntimeError(
+        f"{what}: its {part} raised StopIteration, which would end the batch early; "
+        "raise another exception, or return a value"
+    )
+
+
+def _keys_of(key_of: Callable[[Any], Any], rows: Iterable[Any], what: str) -> Iterator[Any]:
+    """``map(key_of, rows)``, except that a key function raising StopIteration fails
+    instead of ending the keys (and so the batch) early."""
+    try:
+        for row in rows:
+            yield key_of(row)
+    except StopIteration as exc:
+        raise _stopped(what, "key function") from exc
+
+
 def _iterable(value: Any) -> bool:
     try:
         iter(value)
@@ -183,7 +202,10 @@ class MapOperator(_UserFunctionOperator):
 
     def process(self, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
         batch, timestamps = split_timestamps(batch)
-        out = self._out.build(list(map(self._call, iter_columns(batch)[0])))
+        mapped = list(map(self._call, iter_columns(batch)[0]))
+        if len(mapped) != batch.num_rows:  # map() ended at a StopIteration the call raised
+            raise _stopped(self._out.what)
+        out = self._out.build(mapped)
         return out if timestamps is None else attach_timestamps(out, timestamps.to_pylist())
 
 
@@ -217,6 +239,8 @@ class FlatMapOperator(_UserFunctionOperator):
             if produced is not None and not _iterable(produced):
                 raise RecordError(self._out.not_iterable(produced)) from exc
             raise
+        except StopIteration as exc:
+            raise _stopped(self._out.what) from exc
         return attach_timestamps(self._out.build(out), out_ts)
 
 
@@ -228,7 +252,10 @@ class FilterOperator(_UserFunctionOperator):
 
     def process(self, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
         rows = batch_to_rows(without_timestamps(batch))
-        mask = pa.array(list(map(bool, map(self._call, rows))), type=pa.bool_())
+        kept_flags = list(map(bool, map(self._call, rows)))
+        if len(kept_flags) != len(rows):  # map() ended at a StopIteration the call raised
+            raise _stopped(f"filter {self.context.operator_name!r}")
+        mask = pa.array(kept_flags, type=pa.bool_())
         kept = batch.filter(mask)
         return [kept] if kept.num_rows else []
 
@@ -281,7 +308,7 @@ class _KeyedOperator(_UserFunctionOperator):
             return rows, list(map(itemgetter(key), rows))  # absent (KeyError) or repeated
         if isinstance(key, tuple):
             return rows, list(map(self.key.key_of, rows))
-        return rows, map(self.key.key_of, rows)
+        return rows, _keys_of(key, rows, f"{self.kind} {self.context.operator_name!r}")
 
     def _lazy_rows_and_keys(self, batch: pa.RecordBatch) -> tuple[Iterable[dict[str, Any]], Any]:
         """As :meth:`_rows_and_keys` for a loop that reads each record once, in order:
@@ -340,6 +367,8 @@ class KeyedReduceOperator(_KeyedOperator):
                 value = record if previous is None else call(previous, record)
                 table[key] = value
                 append(value)
+        except StopIteration as exc:
+            raise _stopped(self._out.what) from exc
         except Exception as exc:
             # An earlier call returned no record, and this call failed on it.
             if previous is not None and not isinstance(previous, dict):
@@ -415,6 +444,8 @@ class KeyedProcessOperator(_KeyedOperator):
             if produced is not None and not _iterable(produced):
                 raise RecordError(self._out.not_iterable(produced)) from exc
             raise
+        except StopIteration as exc:
+            raise _stopped(self._out.what) from exc
         return attach_timestamps(self._out.build(out), out_ts)
 
     def _fire(self, pop: Callable[[], Any], domain: TimeDomain) -> list[pa.RecordBatch]:
