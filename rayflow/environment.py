@@ -1162,7 +1162,9 @@ class StreamExecutionEnvironment:
         ``execution.buffer-timeout``, 100 ms by default). Batches written within the
         timeout go together as one message, at the latest once they reach the output
         buffer size; a barrier or the end of input sends them first. 0 sends every batch
-        at once (lowest latency, one call per batch).
+        at once (lowest latency, one call per batch) while the receiver has room for it;
+        what is written while it has none goes as one message as soon as it has (up to
+        the output buffer size), so a saturated channel sends fewer, bigger messages.
 
         Unlike Flink, where the timeout holds at every network hop, it is counted from
         when the source read the data, over the data's whole path: a channel sends at

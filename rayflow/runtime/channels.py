@@ -23,6 +23,14 @@ written to it and sends them together, as one :class:`Bundle` message, once they
 timing: results do not depend on how messages were coalesced. A bundle is one message
 of the channel: one sequence number, one credit.
 
+With a buffer timeout of 0 (``eager``) a channel sends every item at once while its
+window has room. When the window is full it does not hold the subtask up: what is
+written meanwhile gathers in the buffer (up to ``buffer_bytes`` or a window's worth of
+items) and goes as one bundle as soon as the receiver acknowledges a push (Flink's
+buffers filling while a channel waits for credit). A saturated channel so sends fewer,
+bigger messages instead of one call per batch queued behind the others; only a full
+buffer makes the writer wait.
+
 With buffer debloating (a :class:`~rayflow.runtime.debloat.BufferDebloater` handed to the
 gate) a channel's buffer is bounded by its *credit* instead, between 1 and ``capacity``,
 sized to what the subtask drains in a target time; ``push`` returns the channel's credit
@@ -44,7 +52,6 @@ from collections import deque
 from typing import Any, Protocol
 
 import pyarrow as pa
-import ray
 
 from rayflow.runtime.debloat import BufferDebloater
 from rayflow.runtime.events import (
@@ -328,8 +335,15 @@ class OutputChannel:
         adaptive: bool = False,
         buffer_bytes: int = 0,
         window_bytes: int = DEFAULT_CHANNEL_BYTES,
+        eager: bool = False,
     ) -> None:
+        if eager and buffer_bytes <= 0:
+            raise ValueError("an eager output channel needs buffer_bytes > 0")
         self.receiver = receiver
+        #: send at once while the window has room; gather while it is full (timeout 0)
+        self.eager = eager
+        #: a callback is registered on the oldest push, to send the buffer when it returns
+        self._credit_armed = False
         self.channel = channel
         self.attempt = attempt
         self.window = window
@@ -338,7 +352,8 @@ class OutputChannel:
         #: the window in force: ``window``, or the receiver's latest credit within it
         self.current_window = window
         self._seq = 0
-        self._in_flight: deque[ray.ObjectRef] = deque()
+        #: pushes not yet acknowledged: Ray object refs, or (eager) futures of them
+        self._in_flight: deque[Any] = deque()
         self._in_flight_sizes: deque[tuple[int, int]] = deque()
         self._in_flight_items = 0
         self._in_flight_bytes = 0
@@ -356,12 +371,60 @@ class OutputChannel:
 
     async def _acknowledged(self) -> None:
         """Await the oldest push; with ``adaptive``, take the credit it returns."""
+        if self.eager:
+            await self._in_flight[0]  # raises what the push raised
+            self._reap()  # pops it, and any younger one done meanwhile
+            return
         credit = await self._in_flight.popleft()
+        self._took(credit)
+
+    def _took(self, credit: int | None) -> None:
+        """The oldest push in flight was acknowledged with ``credit``."""
         items, size = self._in_flight_sizes.popleft()
         self._in_flight_items -= items
         self._in_flight_bytes -= size
         if self.adaptive and credit is not None:
             self.current_window = max(1, min(self.window, credit))
+
+    def _reap(self, raising: bool = True) -> None:
+        """(eager) Take every push at the front that is done, oldest first, without
+        waiting. A failed one stays at the front: it raises here with ``raising``, and
+        in the next write or flush otherwise (a callback must not swallow it)."""
+        in_flight = self._in_flight
+        while in_flight and in_flight[0].done():
+            future = in_flight[0]
+            if future.cancelled() or future.exception() is not None:
+                if raising:
+                    future.result()
+                return
+            in_flight.popleft()
+            self._took(future.result())
+
+    def _has_room(self, items: int, size: int) -> bool:
+        """Whether a message of ``items`` and ``size`` bytes may go without waiting (one
+        bigger than the window goes alone, with nothing else in flight)."""
+        return not self._in_flight or (
+            self._in_flight_items + items <= self.current_window
+            and self._in_flight_bytes + size <= self.window_bytes
+        )
+
+    def _arm_credit(self) -> None:
+        """(eager) Send the buffer as soon as the oldest push is acknowledged."""
+        if not self._credit_armed and self._in_flight:
+            self._credit_armed = True
+            self._in_flight[0].add_done_callback(self._on_credit)
+
+    def _on_credit(self, _: Any) -> None:
+        self._credit_armed = False
+        if not self._buffer:
+            return
+        self._reap(raising=False)
+        if self._has_room(len(self._buffer), self._buffer_bytes):
+            message = self._take_buffer()
+            self._push(message, message_items(message), message_bytes(message))
+        elif not (self._in_flight and self._in_flight[0].done()):
+            self._arm_credit()  # still full: wait for the next acknowledgement
+        # else the oldest push failed: the next write or flush raises it
 
     @property
     def position(self) -> int:
@@ -375,7 +438,11 @@ class OutputChannel:
 
     def _push(self, message: Any, items: int, size: int) -> None:
         in_flight = self._in_flight
-        in_flight.append(self.receiver.push.remote(self.channel, self._seq, self.attempt, message))
+        pushed = self.receiver.push.remote(self.channel, self._seq, self.attempt, message)
+        if self.eager:  # a future, so that whether it is done can be seen without waiting
+            as_future = getattr(pushed, "as_future", None)
+            pushed = as_future() if as_future is not None else asyncio.ensure_future(pushed)
+        in_flight.append(pushed)
         self._in_flight_sizes.append((items, size))
         self._in_flight_items += items
         self._in_flight_bytes += size
@@ -419,6 +486,9 @@ class OutputChannel:
         if not self.buffer_bytes:
             await self._send(item)
             return False
+        if self.eager:
+            await self._write_eagerly(item, origin)
+            return False
         limit = min(self.buffer_bytes, self.window_bytes)
         size = item.get_total_buffer_size() if isinstance(item, pa.RecordBatch) else 0
         if self._buffer and self._buffer_bytes + size > limit:
@@ -433,6 +503,36 @@ class OutputChannel:
             await self._send(self._take_buffer())
             return False
         return oldest
+
+    async def _write_eagerly(self, item: Any, origin: float) -> None:
+        """Send ``item`` now if the window has room and nothing waits before it; else
+        add it to the buffer, which goes when a push is acknowledged (or now, when full)."""
+        size = item.get_total_buffer_size() if isinstance(item, pa.RecordBatch) else 0
+        self._reap()
+        if not self._buffer:
+            if self._has_room(1, size):
+                self._push(item, 1, size)
+                return
+        elif self._buffer_bytes + size > min(self.buffer_bytes, self.window_bytes):
+            await self._send(self._take_buffer())  # room for the bundle before this item
+            self._reap()
+            if self._has_room(1, size):
+                self._push(item, 1, size)
+                return
+        if not self._buffer or origin < self._buffer_origin:
+            self._buffer_origin = origin
+        self._buffer.append(item)
+        self._buffer_bytes += size
+        if self._has_room(len(self._buffer), self._buffer_bytes):
+            message = self._take_buffer()  # acknowledged meanwhile, the callback not yet run
+            self._push(message, message_items(message), message_bytes(message))
+        elif (
+            self._buffer_bytes >= min(self.buffer_bytes, self.window_bytes)
+            or len(self._buffer) >= self.current_window
+        ):
+            await self._send(self._take_buffer())  # full: only now does the writer wait
+        else:
+            self._arm_credit()
 
     async def send_buffered(self) -> None:
         """Send what is buffered, as one message, once the window has room."""

@@ -241,9 +241,10 @@ class _RecordWriter:
         buffer_bytes: int = 0,
         on_buffered: Any = None,
         window_bytes: int = DEFAULT_CHANNEL_BYTES,
+        eager: bool = False,
     ) -> None:
         self.channels = [
-            OutputChannel(h, c, attempt, window, adaptive, buffer_bytes, window_bytes)
+            OutputChannel(h, c, attempt, window, adaptive, buffer_bytes, window_bytes, eager)
             for h, c in output.receivers
         ]
         self.partitioner = Partitioner(
@@ -328,7 +329,10 @@ class SubtaskActor:
             debloater,
             deployment.channel_bytes,
         )
-        buffer_bytes = deployment.buffer_bytes if deployment.buffer_timeout_s > 0 else 0
+        # Buffer timeout 0: every batch goes at once while a channel has credit, and what
+        # is written while it has none goes as one bundle when it returns (``eager``).
+        eager = deployment.buffer_timeout_s <= 0 and deployment.buffer_bytes > 0
+        buffer_bytes = deployment.buffer_bytes
         self.writers = [
             _RecordWriter(
                 o,
@@ -339,6 +343,7 @@ class SubtaskActor:
                 buffer_bytes,
                 self._start_buffer_timeout,
                 deployment.channel_bytes,
+                eager,
             )
             for o in deployment.outputs
         ]

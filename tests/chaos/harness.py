@@ -61,11 +61,15 @@ def build_keyed_sum(
     alignment: CheckpointAlignment = CheckpointAlignment.ALIGNED,
     alignment_timeout_ms: int = 50,
     hot_delay_s: float = 0.0,
+    buffer_timeout_ms: int | None = None,
 ) -> tuple[StreamExecutionEnvironment, CollectSink]:
     """The keyed running sum. ``alignment`` picks aligned, unaligned or aligned-with-
     timeout checkpoints; ``hot_delay_s`` makes the sum subtask that owns key 0 sleep that
-    long per batch, so its input channels back up (skew, real backpressure)."""
+    long per batch, so its input channels back up (skew, real backpressure);
+    ``buffer_timeout_ms`` sets the output buffer timeout (None: the default)."""
     env = StreamExecutionEnvironment.get_execution_environment().set_parallelism(parallelism)
+    if buffer_timeout_ms is not None:
+        env.set_buffer_timeout(buffer_timeout_ms)
     if checkpoint_ms is not None:
         env.enable_checkpointing(checkpoint_ms, mode)
         config = env.get_checkpoint_config()

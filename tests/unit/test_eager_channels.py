@@ -1,0 +1,247 @@
+"""Output channels at a buffer timeout of 0 (``eager``), without Ray: every item goes at
+once while the window has room; what is written while it is full gathers and goes as one
+bundle when a push is acknowledged; only a full buffer holds the writer; order, events
+and failures are kept.
+
+Senders and gate run in one event loop; a push is a task (the fake receiver), so calls
+may arrive out of order as with Ray.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pyarrow as pa
+import pytest
+
+from rayflow.runtime.channels import InputGate, OutputChannel
+from rayflow.runtime.events import Bundle, CheckpointBarrier, EndOfInput, LatencyMarker, unbundled
+from tests.unit.test_debloat import FakeReceiver, run
+
+
+def batch(lo: int, rows: int) -> pa.RecordBatch:
+    return pa.record_batch([pa.array(range(lo, lo + rows), pa.int64())], ["value"])
+
+
+def eager(gate: InputGate, window: int = 2, buffer_bytes: int = 1 << 20, rng=None, **kw):
+    return OutputChannel(
+        FakeReceiver(gate, rng), 0, 0, window, False, buffer_bytes, 1 << 30, True, **kw
+    )
+
+
+def values_of(messages) -> list[int]:
+    return [
+        v
+        for m in messages
+        for item in unbundled(m)
+        if isinstance(item, pa.RecordBatch)
+        for v in item["value"].to_pylist()
+    ]
+
+
+async def settle() -> None:
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+def test_an_eager_channel_needs_a_buffer_size():
+    with pytest.raises(ValueError, match="buffer_bytes"):
+        OutputChannel(None, 0, 0, 2, False, 0, 1 << 20, True)
+
+
+def test_with_room_every_item_goes_at_once_as_it_is():
+    async def go():
+        gate = InputGate(1, 64, capacity_bytes=1 << 30)
+        sender = eager(gate, window=8)
+        for i in range(5):
+            assert await sender.write(batch(10 * i, 10)) is False
+            await settle()  # acknowledged before the next write
+        assert sender.position == 5 and not sender.buffered and sender.bundles == 0
+        await sender.flush()
+        return [(await gate.next())[1] for _ in range(5)]
+
+    messages = run(go())
+    assert all(isinstance(m, pa.RecordBatch) for m in messages)
+    assert values_of(messages) == list(range(50))
+
+
+def test_a_full_window_does_not_hold_the_writer_and_what_it_wrote_goes_as_one_bundle():
+    async def go():
+        # The receiver has room for one message: pushes after it wait for the reader.
+        gate = InputGate(1, 1, capacity_bytes=1 << 30)
+        sender = eager(gate, window=4)
+        for i in range(5):  # 0 admitted and acknowledged; 1-4 in flight (the window)
+            await sender.write(batch(10 * i, 10))
+            await settle()
+        assert sender.position == 5 and not sender.buffered
+        for i in range(5, 8):
+            # would wait for the reader if a full window held the writer
+            await asyncio.wait_for(sender.write(batch(10 * i, 10)), 1.0)
+        assert sender.position == 5 and sender.buffered  # gathered, nothing sent
+        # the reader takes messages: acknowledgements make room, the gathered go as one
+        taken = [(await gate.next())[1] for _ in range(4)]
+        for _ in range(20):
+            await settle()
+            if not sender.buffered:
+                break
+        assert not sender.buffered and sender.position == 6
+        await sender.send(EndOfInput())
+        flushing = asyncio.ensure_future(sender.flush())
+        while not isinstance(message := (await gate.next())[1], EndOfInput):
+            taken.append(message)
+        await flushing
+        return taken, sender.bundles
+
+    taken, bundles = run(go())
+    assert values_of(taken) == list(range(80))
+    assert isinstance(taken[-1], Bundle) and len(taken[-1].items) == 3  # 5, 6, 7
+    assert bundles == 1
+
+
+def test_only_a_full_buffer_makes_the_writer_wait():
+    async def go():
+        gate = InputGate(1, 1, capacity_bytes=1 << 30)
+        sender = eager(gate, window=4, buffer_bytes=3 * 80)  # 3 batches of 10 int64 rows
+        for i in range(5):  # 0 admitted; 1-4 in flight: the window is full
+            await sender.write(batch(10 * i, 10))
+            await settle()
+        for i in range(5, 7):
+            await asyncio.wait_for(sender.write(batch(10 * i, 10)), 1.0)
+        # the third gathered batch fills the buffer (240 bytes): now the writer waits
+        blocked = asyncio.ensure_future(sender.write(batch(70, 10)))
+        await asyncio.sleep(0.05)
+        assert not blocked.done() and sender.position == 5
+        taken = [(await gate.next())[1] for _ in range(3)]  # acknowledges 1-3
+        await asyncio.wait_for(blocked, 1.0)
+        assert sender.position == 6  # the three went as one bundle
+
+        async def finish():
+            await sender.send(EndOfInput())
+            await sender.flush()
+
+        flushing = asyncio.ensure_future(finish())
+        while not isinstance(message := (await gate.next())[1], EndOfInput):
+            taken.append(message)
+        await flushing
+        return taken
+
+    taken = run(go())
+    assert values_of(taken) == list(range(80))
+    assert [len(unbundled(m)) for m in taken] == [1, 1, 1, 1, 1, 3]
+
+
+def test_events_and_markers_go_after_what_was_gathered_before_them():
+    async def go():
+        gate = InputGate(1, 1, capacity_bytes=1 << 30)
+        sender = eager(gate, window=3)
+        for i in range(4):  # 0 admitted; 1-3 in flight
+            await sender.write(batch(10 * i, 10))
+            await settle()
+        await sender.write(LatencyMarker(1.0, "s", 0))  # gathered
+        await sender.write(batch(40, 10))  # gathered
+        assert sender.buffered and sender.position == 4
+        sending = asyncio.ensure_future(sender.send(CheckpointBarrier(1, 0.0)))
+        messages = []
+        while not isinstance(message := (await gate.next())[1], CheckpointBarrier):
+            messages.append(message)
+        await sending
+        await sender.flush()
+        return messages
+
+    messages = run(go())
+    assert values_of(messages) == list(range(50))
+    kinds = [type(i).__name__ for m in messages for i in unbundled(m)]
+    assert kinds == ["RecordBatch"] * 4 + ["LatencyMarker", "RecordBatch"]
+    assert isinstance(messages[-1], Bundle)
+
+
+class _Receiver:
+    """A receiver whose n-th push does ``behaviour[n]``: "ok", "fail" (a lost subtask) or
+    "hang" (never acknowledged)."""
+
+    def __init__(self, *behaviour: str) -> None:
+        self.behaviour = behaviour
+        self.push = self
+
+    def remote(self, channel, seq, attempt, message):
+        what = self.behaviour[seq]
+
+        async def push():
+            await asyncio.sleep(0.005)
+            if what == "fail":
+                raise ConnectionError(f"push {seq} lost")
+            if what == "hang":
+                await asyncio.Event().wait()
+
+        return asyncio.ensure_future(push())
+
+
+def test_a_failed_push_fails_the_next_write_even_when_a_callback_saw_it_first():
+    async def go():
+        sender = OutputChannel(
+            _Receiver("ok", "fail", "hang"), 0, 0, 2, False, 1 << 20, 1 << 30, True
+        )
+        await sender.write(batch(0, 10))
+        await asyncio.sleep(0.02)  # acknowledged
+        await sender.write(batch(10, 10))  # fails soon
+        await sender.write(batch(20, 10))  # never acknowledged
+        await sender.write(batch(30, 10))  # gathered: the window is full
+        await asyncio.sleep(0.03)  # the failure reached the callback first
+        assert sender.buffered and sender.position == 3  # not sent past a failed push
+        with pytest.raises(ConnectionError, match="push 1 lost"):
+            await sender.write(batch(40, 10))
+        with pytest.raises(ConnectionError, match="push 1 lost"):
+            await sender.flush()
+
+    run(go())
+
+
+def test_a_failed_push_fails_the_flush():
+    async def go():
+        sender = OutputChannel(_Receiver("fail"), 0, 0, 4, False, 1 << 20, 1 << 30, True)
+        await sender.write(batch(0, 10))
+        with pytest.raises(ConnectionError):
+            await sender.flush()
+
+    run(go())
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_out_of_order_pushes_and_a_slow_reader_keep_order_exactly_once(seed):
+    rng = random.Random(seed)
+
+    async def go():
+        gate = InputGate(1, rng.choice([1, 2, 4]), capacity_bytes=1 << 30)
+        sender = eager(
+            gate,
+            window=rng.choice([1, 2, 4, 8]),
+            buffer_bytes=rng.choice([80, 400, 1 << 20]),
+            rng=random.Random(seed + 100),
+        )
+
+        async def write_all():
+            for i in range(300):
+                await sender.write(batch(10 * i, 10))
+                if rng.random() < 0.05:
+                    await sender.send(CheckpointBarrier(i, 0.0))
+                if rng.random() < 0.1:
+                    await asyncio.sleep(rng.random() * 0.002)
+            await sender.send(EndOfInput())
+            await sender.flush()
+
+        async def read_all():
+            values = []
+            while True:
+                _, message = await gate.next()
+                if isinstance(message, EndOfInput):
+                    return values
+                values.extend(values_of([message]))
+                if rng.random() < 0.2:
+                    await asyncio.sleep(rng.random() * 0.003)
+
+        _, values = await asyncio.gather(write_all(), read_all())
+        return values, sender.bundles
+
+    values, bundles = run(go())
+    assert values == list(range(3000))
