@@ -440,8 +440,8 @@ class OutputChannel:
         in_flight = self._in_flight
         pushed = self.receiver.push.remote(self.channel, self._seq, self.attempt, message)
         if self.eager:  # a future, so that whether it is done can be seen without waiting
-            as_future = getattr(pushed, "as_future", None)
-            pushed = as_future() if as_future is not None else asyncio.ensure_future(pushed)
+            future = getattr(pushed, "future", None)  # a Ray ObjectRef's
+            pushed = asyncio.wrap_future(future()) if future else asyncio.ensure_future(pushed)
         in_flight.append(pushed)
         self._in_flight_sizes.append((items, size))
         self._in_flight_items += items
