@@ -344,6 +344,9 @@ class OutputChannel:
         self.eager = eager
         #: a callback is registered on the oldest push, to send the buffer when it returns
         self._credit_armed = False
+        #: (eager) what a push made by the callback raised: every later push and the
+        #: flush raise it (what the callback took is lost, and must not go unnoticed)
+        self._failure: BaseException | None = None
         self.channel = channel
         self.attempt = attempt
         self.window = window
@@ -390,6 +393,8 @@ class OutputChannel:
         """(eager) Take every push at the front that is done, oldest first, without
         waiting. A failed one stays at the front: it raises here with ``raising``, and
         in the next write or flush otherwise (a callback must not swallow it)."""
+        if raising and self._failure is not None:
+            raise self._failure
         in_flight = self._in_flight
         while in_flight and in_flight[0].done():
             future = in_flight[0]
@@ -421,7 +426,10 @@ class OutputChannel:
         self._reap(raising=False)
         if self._has_room(len(self._buffer), self._buffer_bytes):
             message = self._take_buffer()
-            self._push(message, message_items(message), message_bytes(message))
+            try:
+                self._push(message, message_items(message), message_bytes(message))
+            except Exception as exc:  # noqa: BLE001 - raised by the next write, send or flush
+                self._failure = exc
         elif not (self._in_flight and self._in_flight[0].done()):
             self._arm_credit()  # still full: wait for the next acknowledgement
         # else the oldest push failed: the next write or flush raises it
@@ -437,6 +445,8 @@ class OutputChannel:
         return bool(self._buffer)
 
     def _push(self, message: Any, items: int, size: int) -> None:
+        if self._failure is not None:
+            raise self._failure  # a message went missing before this one
         in_flight = self._in_flight
         pushed = self.receiver.push.remote(self.channel, self._seq, self.attempt, message)
         if self.eager:  # a future, so that whether it is done can be seen without waiting
@@ -553,6 +563,8 @@ class OutputChannel:
 
     async def flush(self) -> None:
         """Send what is buffered and wait until the receiver has admitted every message."""
+        if self._failure is not None:
+            raise self._failure
         await self.send_buffered()
         while self._in_flight:
             await self._acknowledged()
