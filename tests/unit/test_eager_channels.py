@@ -310,3 +310,34 @@ def test_a_push_the_callback_could_not_make_fails_the_next_flush_and_loses_nothi
     # Either the failure surfaces, or nothing was lost: never a gap that nobody sees.
     assert failed is not None or sent == list(range(40)), sent
     assert failed is not None and "push 2 refused" in str(failed)
+
+
+def test_failed_pushes_behind_the_one_raised_are_not_reported_as_unretrieved_errors():
+    """Schedule: the receiver dies with several pushes in flight; the next write raises
+    the oldest failure and the attempt ends. The younger failed pushes were never awaited:
+    as futures (``as_future``) each logs "exception was never retrieved" with its
+    traceback when collected -- on every restart, one error log per push in flight, for a
+    failure already raised (an object ref that is never awaited logs nothing)."""
+    import gc
+
+    reported: list[str] = []
+
+    async def go():
+        asyncio.get_running_loop().set_exception_handler(
+            lambda loop, context: reported.append(context["message"])
+        )
+        sender = OutputChannel(
+            _Receiver("ok", "fail", "fail", "fail"), 0, 0, 4, False, 1 << 20, 1 << 30, True
+        )
+        for i in range(4):
+            await sender.write(batch(10 * i, 10))
+        await asyncio.sleep(0.03)  # every push has failed
+        with pytest.raises(ConnectionError, match="push 1 lost"):
+            await sender.write(batch(40, 10))
+        del sender
+        for _ in range(3):
+            gc.collect()
+            await settle()
+
+    run(go())
+    assert not [m for m in reported if "never retrieved" in m], reported
