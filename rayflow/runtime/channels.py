@@ -104,6 +104,12 @@ def _data_items(message: Any) -> int:
 _EVENTS = (CheckpointBarrier, EndOfInput, LatencyMarker, Watermark, WatermarkStatus)
 
 
+def _retrieved(future: asyncio.Future) -> None:
+    """Mark what a push raised as seen (see ``OutputChannel._push``)."""
+    if not future.cancelled():
+        future.exception()
+
+
 class ChannelRecorder(Protocol):
     """Takes the messages of some sequence range of some channels (channel state)."""
 
@@ -452,6 +458,9 @@ class OutputChannel:
         if self.eager:  # a future, so that whether it is done can be seen without waiting
             future = getattr(pushed, "future", None)  # a Ray ObjectRef's
             pushed = asyncio.wrap_future(future()) if future else asyncio.ensure_future(pushed)
+            # The oldest failure is raised by the next write or flush; the younger ones,
+            # of the same lost receiver, must not each be logged as never retrieved.
+            pushed.add_done_callback(_retrieved)
         in_flight.append(pushed)
         self._in_flight_sizes.append((items, size))
         self._in_flight_items += items
