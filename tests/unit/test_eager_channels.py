@@ -341,3 +341,25 @@ def test_failed_pushes_behind_the_one_raised_are_not_reported_as_unretrieved_err
 
     run(go())
     assert not [m for m in reported if "never retrieved" in m], reported
+
+
+def test_no_barrier_is_announced_after_a_push_the_callback_could_not_make():
+    """Schedule: the callback's push of the gathered bundle raised (nothing of it was
+    sent, no sequence number used); then an unaligned checkpoint announces its barrier
+    with the channel's position. That position counts none of the lost batches: the
+    receiver would take its channel state and acknowledge a checkpoint behind which
+    they are missing. The announcement must fail instead."""
+
+    async def go():
+        receiver = _Held(refuse=(2,))
+        sender = OutputChannel(receiver, 0, 0, 2, False, 1 << 20, 1 << 30, True)
+        await sender.write(batch(0, 10))
+        await sender.write(batch(10, 10))
+        await sender.write(batch(20, 10))  # gathered
+        receiver.release(0)
+        await settle()  # the callback's push raised
+        with pytest.raises(MemoryError, match="push 2 refused"):
+            sender.send_buffered_now()
+            _ = sender.position  # what an announcement would carry
+
+    run(go())
