@@ -561,6 +561,8 @@ class OutputChannel:
     def send_buffered_now(self) -> None:
         """Send what is buffered without waiting for the window (one push over it at
         most): the position then counts it, e.g. for a barrier announced out of band."""
+        if self._failure is not None:
+            raise self._failure  # a position after a lost message is announced to no one
         if self._buffer:
             message = self._take_buffer()
             self._push(message, message_items(message), message_bytes(message))
