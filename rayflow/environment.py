@@ -200,30 +200,44 @@ def request_savepoint(
     master: Any, directory: str, stop: bool, timeout: float | None, job: str
 ) -> str:
     """Ask job master ``master`` for a savepoint into ``directory`` (with ``stop``: and
-    to stop there) and return its directory. When ``timeout`` runs out the request is
-    withdrawn, so that the job does not stop, nor a savepoint appear, after the caller
-    was told there is none; one taken meanwhile stands and is returned. Otherwise raises
-    :class:`JobWaitTimeout`; Ray's errors of the call pass through."""
+    to stop there) and return its directory. When ``timeout`` runs out, or the wait is
+    interrupted (Ctrl-C), the request is withdrawn, so that the job does not stop, nor a
+    savepoint appear, after the caller was told there is none; one taken meanwhile stands
+    and is returned. Otherwise raises :class:`JobWaitTimeout`, or the
+    ``KeyboardInterrupt`` with a note saying what became of the request; Ray's errors of
+    the call pass through."""
     request_id = uuid.uuid4().hex
+    interrupted: KeyboardInterrupt | None = None
     try:
         return ray.get(
             master.trigger_savepoint.remote(directory, stop, request_id), timeout=timeout
         )
     except ray.exceptions.GetTimeoutError:
         pass
+    except KeyboardInterrupt as exc:
+        interrupted = exc
+    why = "interrupted" if interrupted is not None else f"no savepoint after {timeout:g} s"
     try:
         taken = ray.get(master.withdraw_savepoint.remote(request_id), timeout=120)
     except Exception as exc:  # noqa: BLE001 - the job master does not answer
-        raise JobWaitTimeout(
-            f"{job}: no savepoint after {timeout:g} s, and it could not be withdrawn "
-            f"({type(exc).__name__}): it may still be taken" + (" and stop the job" if stop else "")
-        ) from None
+        message = (
+            f"{job}: {why}, and the request could not be withdrawn ({type(exc).__name__}): "
+            "it may still be taken" + (" and stop the job" if stop else "")
+        )
+        if interrupted is not None:
+            interrupted.add_note(message)
+            raise interrupted from None
+        raise JobWaitTimeout(message) from None
     if taken is not None:
         return taken
-    raise JobWaitTimeout(
-        f"{job}: no savepoint after {timeout:g} s; the request was withdrawn (its checkpoint, "
-        "if started, aborted) and the job goes on"
+    message = (
+        f"{job}: {why}; the request was withdrawn (its checkpoint, if started, aborted) "
+        "and the job goes on"
     )
+    if interrupted is not None:
+        interrupted.add_note(message)
+        raise interrupted
+    raise JobWaitTimeout(message)
 
 
 class JobClient:

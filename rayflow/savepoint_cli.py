@@ -108,5 +108,10 @@ def _savepoint(args: argparse.Namespace) -> int:
     except (LookupError, SavepointError, TimeoutError, ConnectionError) as exc:
         print(f"rayflow savepoint: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as exc:
+        # what became of the request (withdrawn, or perhaps still taken), in its note
+        notes = getattr(exc, "__notes__", None) or ["interrupted"]
+        print(f"rayflow savepoint: {' '.join(notes)}", file=sys.stderr)
+        return 130
     print(path)
     return 0

@@ -614,6 +614,67 @@ def test_a_stop_with_savepoint_that_times_out_is_withdrawn_and_the_job_goes_on(
     assert len(values) == sum(s.made for splits in saved.source_splits.values() for s in splits)
 
 
+def test_ctrl_c_during_a_stop_with_savepoint_on_the_command_line_withdraws_it(tmp_path):
+    """``rayflow savepoint --stop`` is interrupted (SIGINT, as Ctrl-C) while the stop's
+    checkpoint is slow: the request is withdrawn before the command exits (130, saying
+    so), so the job does not stop later with a savepoint nobody was told of; the job
+    reads on, and a second stop is exactly once."""
+    import signal
+    import subprocess
+    import sys
+
+    import ray
+
+    env = build(tmp_path, 1)
+    env.enable_checkpointing(600_000)  # only savepoints take checkpoints
+    env.get_checkpoint_config().set_checkpoint_timeout(120_000)
+    inject_faults(
+        env,
+        FaultPlan([Fault(FaultPoint.AFTER_SNAPSHOT, vertex="Sum", action="sleep", seconds=6)]),
+    )
+    client = env.execute_async(f"stop-interrupted-{time.time_ns()}")
+    wait_generated(client, 200)
+    child_env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    command = [sys.executable, "-m", "rayflow.cli", "savepoint", "--stop", "--timeout", "120"]
+    command += ["--address", ray.get_runtime_context().gcs_address]
+    command += [client.job_id, str(tmp_path / "sp")]
+    child = subprocess.Popen(
+        command, env=child_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        # the stop's barrier has passed the sources when they stop reading (~4000/s)
+        deadline = time.monotonic() + 60
+        seen, still_since = generated_records(client), time.monotonic()
+        while time.monotonic() - still_since < 1.0:
+            assert child.poll() is None, child.communicate()
+            assert time.monotonic() < deadline, "the sources never stopped for the stop"
+            time.sleep(0.1)
+            now = generated_records(client)
+            if now != seen:
+                seen, still_since = now, time.monotonic()
+        child.send_signal(signal.SIGINT)  # Ctrl-C while it waits for the savepoint
+        out, err = child.communicate(timeout=120)
+    finally:
+        if child.poll() is None:
+            child.kill()
+    assert child.returncode == 130, (out, err)
+    assert "withdrawn" in err and "the job goes on" in err, err
+    time.sleep(6.0)  # the stalled subtask wakes up and acknowledges
+    assert client.get_job_status() is JobState.RUNNING
+    before = generated_records(client)
+    wait_generated(client, before + 200)  # the sources read again
+    assert not any(
+        os.path.exists(os.path.join(tmp_path / "sp", n, "_metadata"))
+        for n in (os.listdir(tmp_path / "sp") if os.path.isdir(tmp_path / "sp") else [])
+    ), "an interrupted stop wrote a savepoint"
+    assert [c["status"] for c in client.checkpoints()] == ["FAILED"]
+    path = client.stop_with_savepoint(str(tmp_path / "sp"), timeout=90)
+    assert client.get_job_status() is JobState.FINISHED
+    saved = saved_metadata(path)
+    values = check_exactly_once(tmp_path)
+    assert len(values) == sum(s.made for splits in saved.source_splits.values() for s in splits)
+
+
 def test_a_stop_whose_job_finishes_slowly_still_names_its_savepoint(tmp_path):
     """The stop's savepoint is complete but the job does not finish within the caller's
     timeout (a sink's final commit is slow): the timeout names the savepoint, which is
