@@ -110,7 +110,9 @@ def _savepoint(args: argparse.Namespace) -> int:
         return 2
     except KeyboardInterrupt as exc:
         # what became of the request (withdrawn, or perhaps still taken), in its note
-        notes = getattr(exc, "__notes__", None) or ["interrupted"]
+        notes = getattr(exc, "__notes__", None) or [
+            "interrupted (a savepoint already requested may still be taken)"
+        ]
         print(f"rayflow savepoint: {' '.join(notes)}", file=sys.stderr)
         return 130
     print(path)
