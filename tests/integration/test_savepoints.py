@@ -571,6 +571,26 @@ def test_timers_do_not_fire_after_a_stop_into_output_the_savepoint_makes_again(t
     assert len(set(pairs)) == len(pairs), "a timer's output was committed twice"
 
 
+def assert_withdrawn_and_the_job_goes_on(client, tmp_path, stall_s: float) -> None:
+    """After a stop with savepoint was withdrawn while its checkpoint stalled for
+    ``stall_s``: the job runs and reads on, no savepoint was written, the checkpoint
+    failed, and a second stop is exactly once."""
+    time.sleep(stall_s)  # the stalled subtask wakes up and acknowledges
+    assert client.get_job_status() is JobState.RUNNING
+    before = generated_records(client)
+    wait_generated(client, before + 200)  # the sources read again
+    assert not any(
+        os.path.exists(os.path.join(tmp_path / "sp", n, "_metadata"))
+        for n in (os.listdir(tmp_path / "sp") if os.path.isdir(tmp_path / "sp") else [])
+    ), "a withdrawn stop wrote a savepoint"
+    assert [c["status"] for c in client.checkpoints()] == ["FAILED"]
+    path = client.stop_with_savepoint(str(tmp_path / "sp"), timeout=90)
+    assert client.get_job_status() is JobState.FINISHED
+    saved = saved_metadata(path)
+    values = check_exactly_once(tmp_path)
+    assert len(values) == sum(s.made for splits in saved.source_splits.values() for s in splits)
+
+
 @pytest.mark.parametrize("caller", ["client", "command line"])
 def test_a_stop_with_savepoint_that_times_out_is_withdrawn_and_the_job_goes_on(
     tmp_path, caller, capsys
@@ -598,20 +618,7 @@ def test_a_stop_with_savepoint_that_times_out_is_withdrawn_and_the_job_goes_on(
         argv = ["savepoint", "--stop", "--timeout", "1.5", client.job_id, str(tmp_path / "sp")]
         assert cli_main(argv) == 2
         assert "withdrawn" in capsys.readouterr().err
-    time.sleep(4.0)  # the stalled subtask wakes up and acknowledges
-    assert client.get_job_status() is JobState.RUNNING
-    before = generated_records(client)
-    wait_generated(client, before + 200)  # the sources read again
-    assert not any(
-        os.path.exists(os.path.join(tmp_path / "sp", n, "_metadata"))
-        for n in (os.listdir(tmp_path / "sp") if os.path.isdir(tmp_path / "sp") else [])
-    ), "a withdrawn stop wrote a savepoint"
-    assert [c["status"] for c in client.checkpoints()] == ["FAILED"]
-    path = client.stop_with_savepoint(str(tmp_path / "sp"), timeout=90)
-    assert client.get_job_status() is JobState.FINISHED
-    saved = saved_metadata(path)
-    values = check_exactly_once(tmp_path)
-    assert len(values) == sum(s.made for splits in saved.source_splits.values() for s in splits)
+    assert_withdrawn_and_the_job_goes_on(client, tmp_path, 4.0)
 
 
 def test_ctrl_c_during_a_stop_with_savepoint_on_the_command_line_withdraws_it(tmp_path):
@@ -659,20 +666,7 @@ def test_ctrl_c_during_a_stop_with_savepoint_on_the_command_line_withdraws_it(tm
             child.kill()
     assert child.returncode == 130, (out, err)
     assert "withdrawn" in err and "the job goes on" in err, err
-    time.sleep(6.0)  # the stalled subtask wakes up and acknowledges
-    assert client.get_job_status() is JobState.RUNNING
-    before = generated_records(client)
-    wait_generated(client, before + 200)  # the sources read again
-    assert not any(
-        os.path.exists(os.path.join(tmp_path / "sp", n, "_metadata"))
-        for n in (os.listdir(tmp_path / "sp") if os.path.isdir(tmp_path / "sp") else [])
-    ), "an interrupted stop wrote a savepoint"
-    assert [c["status"] for c in client.checkpoints()] == ["FAILED"]
-    path = client.stop_with_savepoint(str(tmp_path / "sp"), timeout=90)
-    assert client.get_job_status() is JobState.FINISHED
-    saved = saved_metadata(path)
-    values = check_exactly_once(tmp_path)
-    assert len(values) == sum(s.made for splits in saved.source_splits.values() for s in splits)
+    assert_withdrawn_and_the_job_goes_on(client, tmp_path, 6.0)
 
 
 def test_a_stop_whose_job_finishes_slowly_still_names_its_savepoint(tmp_path):
