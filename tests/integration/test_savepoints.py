@@ -24,7 +24,7 @@ from rayflow.cli import main as cli_main
 from rayflow.datagen import DataGeneratorSource
 from rayflow.errors import JobFailedError, SavepointError
 from rayflow.functions import KeyedProcessFunction
-from rayflow.runtime.hooks import HookPoint, MasterHooks, RuntimeHooks
+from rayflow.runtime.hooks import HookPoint, MasterHooks, RuntimeHooks, SubtaskHooks
 from rayflow.status import JobState
 from rayflow.testing import Fault, FaultPlan, FaultPoint, inject_faults, wait_for_checkpoints
 from sinks.files import FileSink
@@ -621,6 +621,31 @@ def test_a_stop_with_savepoint_that_times_out_is_withdrawn_and_the_job_goes_on(
     assert_withdrawn_and_the_job_goes_on(client, tmp_path, 4.0)
 
 
+class _StallAfterSnapshot(SubtaskHooks):
+    def __init__(self, flag: str, seconds: float) -> None:
+        self.flag, self.seconds, self.fired = flag, seconds, False
+
+    def at(self, point: HookPoint) -> None:
+        if point is HookPoint.AFTER_SNAPSHOT and not self.fired:
+            self.fired = True
+            with open(self.flag, "w"):
+                pass
+            time.sleep(self.seconds)
+
+
+class StallFirstSnapshot(RuntimeHooks):
+    """The Sum subtask of the first attempt, after its first snapshot: writes ``flag``
+    (the checkpoint is under way: its trigger was received) and sleeps ``seconds``."""
+
+    def __init__(self, flag: str, seconds: float) -> None:
+        self.flag, self.seconds = flag, seconds
+
+    def for_subtask(self, vertex_name: str, index: int, attempt: int) -> SubtaskHooks | None:
+        if "Sum" in vertex_name and attempt == 0:
+            return _StallAfterSnapshot(self.flag, self.seconds)
+        return None
+
+
 def test_ctrl_c_during_a_stop_with_savepoint_on_the_command_line_withdraws_it(tmp_path):
     """``rayflow savepoint --stop`` is interrupted (SIGINT, as Ctrl-C) while the stop's
     checkpoint is slow: the request is withdrawn before the command exits (130, saying
@@ -632,13 +657,11 @@ def test_ctrl_c_during_a_stop_with_savepoint_on_the_command_line_withdraws_it(tm
 
     import ray
 
+    flag = tmp_path / "snapshot-taken"
     env = build(tmp_path, 1)
     env.enable_checkpointing(600_000)  # only savepoints take checkpoints
     env.get_checkpoint_config().set_checkpoint_timeout(120_000)
-    inject_faults(
-        env,
-        FaultPlan([Fault(FaultPoint.AFTER_SNAPSHOT, vertex="Sum", action="sleep", seconds=6)]),
-    )
+    inject_faults(env, StallFirstSnapshot(str(flag), seconds=8))
     client = env.execute_async(f"stop-interrupted-{time.time_ns()}")
     wait_generated(client, 200)
     child_env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
@@ -649,16 +672,11 @@ def test_ctrl_c_during_a_stop_with_savepoint_on_the_command_line_withdraws_it(tm
         command, env=child_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
     try:
-        # the stop's barrier has passed the sources when they stop reading (~4000/s)
-        deadline = time.monotonic() + 60
-        seen, still_since = generated_records(client), time.monotonic()
-        while time.monotonic() - still_since < 1.0:
+        deadline = time.monotonic() + 120
+        while not flag.exists():  # the stop's checkpoint is under way, and stalls
             assert child.poll() is None, child.communicate()
-            assert time.monotonic() < deadline, "the sources never stopped for the stop"
-            time.sleep(0.1)
-            now = generated_records(client)
-            if now != seen:
-                seen, still_since = now, time.monotonic()
+            assert time.monotonic() < deadline, "the stop's checkpoint never started"
+            time.sleep(0.05)
         child.send_signal(signal.SIGINT)  # Ctrl-C while it waits for the savepoint
         out, err = child.communicate(timeout=120)
     finally:
@@ -666,7 +684,7 @@ def test_ctrl_c_during_a_stop_with_savepoint_on_the_command_line_withdraws_it(tm
             child.kill()
     assert child.returncode == 130, (out, err)
     assert "withdrawn" in err and "the job goes on" in err, err
-    assert_withdrawn_and_the_job_goes_on(client, tmp_path, 6.0)
+    assert_withdrawn_and_the_job_goes_on(client, tmp_path, 8.0)
 
 
 def test_a_stop_whose_job_finishes_slowly_still_names_its_savepoint(tmp_path):
