@@ -580,6 +580,10 @@ def submit(
         try:
             ended = status.get("state") in _ENDED and _ask(existing.ended.remote, timeout_s=30)
         except ray.exceptions.RayActorError:
+            if status.get("state") in _ENDED:
+                # another submission (or a remove) took the ended host away: whichever
+                # submission registers the name next replaces that ended run
+                replaced = status
             continue  # removed or replaced meanwhile
         if ended:
             # a rerun of an ended job (a nightly job, say): its record gives way
