@@ -108,3 +108,40 @@ def test_warm_workers_can_be_turned_off():
     env.execute(_job_name("cold"))
     time.sleep(3)
     assert _fresh_idle() <= max(before, 2)  # none asked for (Ray keeps its own few)
+
+
+_PRELOADED = """
+import sys, time
+import ray
+from rayflow.environment import ensure_ray
+
+ensure_ray("local")
+
+@ray.remote
+class Probe:  # imports nothing of rayflow itself
+    def modules(self):
+        return sorted(m for m in sys.modules if m.startswith("rayflow.runtime."))
+
+probe = Probe.remote()
+print("preloaded:", "rayflow.runtime.subtask" in ray.get(probe.modules.remote()))
+ray.shutdown()
+"""
+
+
+def test_the_workers_of_a_local_ray_rayflow_starts_import_its_runtime_before_any_work(tmp_path):
+    """A local Ray that rayflow starts (no Ray running, no address) has its workers import
+    rayflow's runtime while they start, so an actor placed on one does not wait for it."""
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "probe.py"
+    script.write_text(_PRELOADED)
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    child_env = dict(os.environ, PYTHONPATH=root)
+    child_env.pop("RAY_ADDRESS", None)
+    done = subprocess.run(
+        [sys.executable, str(script)], cwd=root, env=child_env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "preloaded: True" in done.stdout, done.stdout + done.stderr[-3000:]
