@@ -14,6 +14,7 @@ from rayflow.runtime import preload
 from rayflow.runtime.preload import SETUP_HOOK, import_runtime, worker_setup_hook
 
 VARIABLE = preload._variable()
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(preload.__file__))))
 
 
 def test_the_variable_is_rays_own():
@@ -23,6 +24,7 @@ def test_the_variable_is_rays_own():
 
 
 def test_the_hook_is_set_only_inside_the_block(monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", ROOT)  # the workers find this rayflow too
     monkeypatch.delenv(VARIABLE, raising=False)
     with worker_setup_hook():
         assert os.environ[VARIABLE] == SETUP_HOOK
@@ -63,3 +65,18 @@ def test_the_hook_is_what_ray_loads():
     from ray._common.utils import load_class  # what the worker loads the hook with
 
     assert load_class(SETUP_HOOK) is import_runtime
+
+
+def test_no_hook_when_the_workers_would_import_another_rayflow(monkeypatch, tmp_path):
+    # A worker starts without the driver's script directory or working directory on its
+    # path (Ray adds them when its first task runs, after the hook): here its PYTHONPATH
+    # finds another rayflow first, so the hook would import (or fail to load) that one.
+    other = tmp_path / "rayflow"
+    (other / "runtime").mkdir(parents=True)
+    (other / "__init__.py").write_text("")
+    (other / "runtime" / "__init__.py").write_text("")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    monkeypatch.delenv(VARIABLE, raising=False)
+    with worker_setup_hook():
+        assert VARIABLE not in os.environ
+    assert VARIABLE not in os.environ
