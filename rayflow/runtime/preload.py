@@ -61,7 +61,10 @@ def _variable() -> str:
 
 
 def import_runtime() -> None:
-    """Import what the job master and a subtask import when they start."""
+    """Import what the job master and a subtask import when they start. The hook's
+    variable leaves this worker's environment: what the worker starts (a subprocess
+    calling ``ray.init``, say) does not inherit it."""
+    os.environ.pop(_variable(), None)
     try:
         import rayflow.runtime.job_master  # noqa: F401
         import rayflow.runtime.subtask  # noqa: F401

@@ -45,10 +45,12 @@ def test_the_hook_imports_the_runtime_and_never_raises(tmp_path):
     # In a fresh interpreter: the runtime is not imported before, it is after; and a
     # runtime that cannot be imported does not make the hook raise.
     code = (
-        "import sys\n"
+        "import os, sys\n"
         "from rayflow.runtime.preload import import_runtime\n"
         "assert 'rayflow.runtime.subtask' not in sys.modules\n"
+        f"os.environ[{VARIABLE!r}] = {SETUP_HOOK!r}\n"
         "import_runtime()\n"
+        f"assert {VARIABLE!r} not in os.environ  # not inherited further\n"
         "assert 'rayflow.runtime.subtask' in sys.modules\n"
         "assert 'rayflow.runtime.job_master' in sys.modules\n"
         "sys.modules['rayflow.runtime.subtask'] = None  # an import that fails\n"
