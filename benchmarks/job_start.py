@@ -209,6 +209,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parallelism", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--gap-s", type=float, default=1.0, help="pause between jobs (1 s)")
     parser.add_argument("--settle-s", type=float, default=3.0, help="pause after ray.init (3 s)")
+    parser.add_argument(
+        "--rayflow-starts-ray",
+        action="store_true",
+        help="start the local Ray as rayflow does when none is running (ensure_ray), "
+        "instead of ray.init(address='local')",
+    )
     args = parser.parse_args(argv)
 
     command = "python " + shlex.join(
@@ -219,7 +225,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"command: {command}")
     print(f"rayflow: {os.path.dirname(rayflow.__file__)}")
     print(f"load average at start: {_load()}", flush=True)
-    ray.init(address="local", include_dashboard=False, logging_level="WARNING")
+    if args.rayflow_starts_ray:
+        from rayflow.environment import ensure_ray
+
+        ensure_ray("local")
+    else:
+        ray.init(address="local", include_dashboard=False, logging_level="WARNING")
     time.sleep(args.settle_s)
     storage = tempfile.mkdtemp(prefix="rayflow-job-start-")
 

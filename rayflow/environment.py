@@ -50,6 +50,7 @@ from rayflow.runtime.placement import (
     PlacementStrategy,
     remove_job_placement_groups,
 )
+from rayflow.runtime.preload import worker_setup_hook
 from rayflow.runtime.restore import check_channel_state
 from rayflow.runtime.run_lock import acquire_run_lock, release_run_lock
 from rayflow.runtime.settings import JobSettings
@@ -92,7 +93,9 @@ def ensure_ray(address: str | None = None, log_to_driver: bool = True) -> None:
     A local Ray started here passes arguments of up to 1 MiB inline
     (``max_direct_call_object_size``); on a cluster, set
     ``RAY_max_direct_call_object_size=1048576`` in the environment of ``ray start`` on
-    every node for the same effect (a joining driver cannot change it).
+    every node for the same effect (a joining driver cannot change it). Its worker
+    processes import rayflow's runtime before they take work
+    (:mod:`rayflow.runtime.preload`).
     ``log_to_driver=False`` keeps the actors' log lines out of this process's output
     (they stay in Ray's log files). An address where nothing answers fails within
     seconds (:class:`~rayflow.ray_connect.NoRayClusterError`)."""
@@ -112,6 +115,10 @@ def ensure_ray(address: str | None = None, log_to_driver: bool = True) -> None:
         kwargs["include_dashboard"] = False
         if config := local_ray_system_config():
             kwargs["_system_config"] = config
+        # Its workers import rayflow's runtime while they wait idle, not when a job starts.
+        with worker_setup_hook():
+            ray.init(**kwargs)
+        return
     ray.init(**kwargs)
 
 

@@ -108,3 +108,100 @@ def test_warm_workers_can_be_turned_off():
     env.execute(_job_name("cold"))
     time.sleep(3)
     assert _fresh_idle() <= max(before, 2)  # none asked for (Ray keeps its own few)
+
+
+_PRELOADED = """
+import sys, time
+import ray
+from rayflow.environment import ensure_ray
+
+ensure_ray("local")
+
+@ray.remote
+class Probe:  # imports nothing of rayflow itself
+    def modules(self):
+        return sorted(m for m in sys.modules if m.startswith("rayflow.runtime."))
+
+probe = Probe.remote()
+print("preloaded:", "rayflow.runtime.subtask" in ray.get(probe.modules.remote()))
+ray.shutdown()
+"""
+
+
+def test_the_workers_of_a_local_ray_rayflow_starts_import_its_runtime_before_any_work(tmp_path):
+    """A local Ray that rayflow starts (no Ray running, no address) has its workers import
+    rayflow's runtime while they start, so an actor placed on one does not wait for it."""
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "probe.py"
+    script.write_text(_PRELOADED)
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    child_env = dict(os.environ, PYTHONPATH=root)
+    child_env.pop("RAY_ADDRESS", None)
+    done = subprocess.run(
+        [sys.executable, str(script)], cwd=root, env=child_env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "preloaded: True" in done.stdout, done.stdout + done.stderr[-3000:]
+
+
+_WHICH_RAYFLOW = """
+import ray
+import rayflow
+from rayflow.environment import ensure_ray
+
+ensure_ray("local")
+
+@ray.remote
+class Probe:  # imports nothing of rayflow until asked
+    def rayflow_file(self):
+        import rayflow
+        return rayflow.__file__
+
+print("driver:", rayflow.__file__)
+print("actor:", ray.get(Probe.remote().rayflow_file.remote(), timeout=90))
+ray.shutdown()
+"""
+
+
+def _another_rayflow(where, with_preload: bool) -> str:
+    """Another rayflow (an older install) the workers find before the driver's own."""
+    package = where / "rayflow"
+    (package / "runtime").mkdir(parents=True)
+    (package / "__init__.py").write_text("OTHER = True\n")
+    (package / "runtime" / "__init__.py").write_text("")
+    if with_preload:
+        (package / "runtime" / "preload.py").write_text("def import_runtime():\n    pass\n")
+    return str(where)
+
+
+@pytest.mark.parametrize("with_preload", [True, False], ids=["with-hook", "without-hook"])
+def test_the_actors_run_the_drivers_rayflow_when_the_workers_would_find_another(
+    tmp_path, with_preload
+):
+    """The driver imports rayflow from its working directory, which Ray puts first on a
+    worker's path only when its first task runs; the workers' own path (PYTHONPATH here,
+    an installed rayflow elsewhere) finds another. The actors must run the driver's
+    rayflow, and no worker may fail for the other one (one without the hook's module)."""
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    other = _another_rayflow(tmp_path / "site", with_preload)
+    child_env = dict(os.environ, PYTHONPATH=other)
+    child_env.pop("RAY_ADDRESS", None)
+    done = subprocess.run(
+        [sys.executable, "-c", _WHICH_RAYFLOW],
+        cwd=root,
+        env=child_env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    lines = dict(line.split(": ", 1) for line in done.stdout.splitlines() if ": " in line)
+    assert lines["driver"].startswith(os.path.join(root, "rayflow")), done.stdout
+    assert lines["actor"] == lines["driver"], done.stdout

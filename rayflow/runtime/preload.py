@@ -1,0 +1,119 @@
+"""What a worker process of a local Ray that rayflow started imports before it takes any
+work: rayflow's runtime (the modules of the job master and of a subtask, with pyarrow),
+so that an actor placed on an idle worker (a warm worker, see
+:mod:`rayflow.runtime.warm_workers`) does not import them while its job starts.
+
+Ray runs a *worker process setup hook* in every worker it starts, named by an
+environment variable the worker inherits from the raylet (the mechanism behind
+``runtime_env={"worker_process_setup_hook": ...}``, without a runtime environment: a
+driver with one could not use warm workers). :func:`worker_setup_hook` sets that
+variable while ``ray.init`` starts the local raylet, and only then; joining a running
+cluster changes nothing. The hook never fails a worker: an import that fails is left
+for the actor's own import to report.
+
+A worker runs its hook before Ray puts the driver's script directory and working
+directory first on its ``sys.path`` (that happens when its first task runs), so the hook
+finds rayflow by the worker's own path only (``PYTHONPATH``, site-packages). Where that
+finds no rayflow, or another one than the driver's (a driver run from a checkout while
+another rayflow is installed), the hook is not set: it would make every worker exit (Ray
+ends a worker whose hook cannot be loaded), or have the actors run the other rayflow,
+the one the worker imported first.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+
+__all__ = ["SETUP_HOOK", "import_runtime", "worker_setup_hook", "workers_import_this_rayflow"]
+
+#: The hook, as Ray loads it (``module.function``).
+SETUP_HOOK = "rayflow.runtime.preload.import_runtime"
+
+#: How long the look at which rayflow a worker would import may take.
+_CHECK_TIMEOUT_S = 30.0
+
+#: Run as ``python -c`` the way a worker starts (no script directory or working directory
+#: on its path): the package directory of the rayflow it would import, without importing it.
+_WHICH_RAYFLOW = (
+    "import sys, importlib.util\n"
+    "if sys.path and sys.path[0] == '':\n"
+    "    del sys.path[0]\n"
+    "spec = importlib.util.find_spec('rayflow')\n"
+    "print(list(spec.submodule_search_locations or []) if spec else [])\n"
+)
+
+#: Ray's variable for it (``ray_constants.WORKER_PROCESS_SETUP_HOOK_ENV_VAR``).
+_FALLBACK_VARIABLE = "__RAY_WORKER_PROCESS_SETUP_HOOK_ENV_VAR"
+
+
+def _variable() -> str:
+    try:
+        from ray._private import ray_constants
+
+        return str(ray_constants.WORKER_PROCESS_SETUP_HOOK_ENV_VAR)
+    except (ImportError, AttributeError):  # another Ray: its name as of Ray 2.x
+        return _FALLBACK_VARIABLE
+
+
+def import_runtime() -> None:
+    """Import what the job master and a subtask import when they start. The hook's
+    variable leaves this worker's environment: what the worker starts (a subprocess
+    calling ``ray.init``, say) does not inherit it."""
+    os.environ.pop(_variable(), None)
+    try:
+        import rayflow.runtime.job_master  # noqa: F401
+        import rayflow.runtime.subtask  # noqa: F401
+    except Exception:  # noqa: BLE001 - never fail a worker; the actor's import reports it
+        pass
+
+
+def _worker_python() -> list[str]:
+    """The interpreter a worker of a local Ray runs (Ray starts them with this one)."""
+    return [sys.executable]
+
+
+def workers_import_this_rayflow() -> bool:
+    """Whether a worker process started from this one now (its environment and working
+    directory, not its ``sys.path``) would import the rayflow this process runs."""
+    import rayflow
+
+    ours = sorted(os.path.realpath(path) for path in rayflow.__path__)
+    try:
+        done = subprocess.run(
+            [*_worker_python(), "-c", _WHICH_RAYFLOW],
+            capture_output=True,
+            text=True,
+            timeout=_CHECK_TIMEOUT_S,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return False
+    if done.returncode != 0:
+        return False
+    try:
+        theirs = ast.literal_eval(done.stdout.strip().splitlines()[-1])
+    except (ValueError, SyntaxError, IndexError):
+        return False
+    return sorted(os.path.realpath(path) for path in theirs) == ours
+
+
+@contextlib.contextmanager
+def worker_setup_hook() -> Iterator[None]:
+    """While in the block, processes started from this one (the local raylet that
+    ``ray.init`` starts, and so every worker it starts) run :func:`import_runtime` before
+    they take work; a hook the environment already names is left as it is, and none is
+    set where the workers would not import this process's rayflow."""
+    variable = _variable()
+    if variable in os.environ or not workers_import_this_rayflow():
+        yield
+        return
+    os.environ[variable] = SETUP_HOOK
+    try:
+        yield
+    finally:
+        os.environ.pop(variable, None)

@@ -1,0 +1,84 @@
+"""The worker setup hook of a local Ray that rayflow starts: set only while ``ray.init``
+starts the raylet, never over one the environment names, and a hook that cannot fail a
+worker."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from rayflow.runtime import preload
+from rayflow.runtime.preload import SETUP_HOOK, import_runtime, worker_setup_hook
+
+VARIABLE = preload._variable()
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(preload.__file__))))
+
+
+def test_the_variable_is_rays_own():
+    from ray._private import ray_constants
+
+    assert VARIABLE == ray_constants.WORKER_PROCESS_SETUP_HOOK_ENV_VAR
+
+
+def test_the_hook_is_set_only_inside_the_block(monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", ROOT)  # the workers find this rayflow too
+    monkeypatch.delenv(VARIABLE, raising=False)
+    with worker_setup_hook():
+        assert os.environ[VARIABLE] == SETUP_HOOK
+    assert VARIABLE not in os.environ
+    with pytest.raises(RuntimeError), worker_setup_hook():
+        raise RuntimeError("ray.init failed")
+    assert VARIABLE not in os.environ
+
+
+def test_a_hook_the_environment_names_is_left_alone(monkeypatch):
+    monkeypatch.setenv(VARIABLE, "theirs.module.hook")
+    with worker_setup_hook():
+        assert os.environ[VARIABLE] == "theirs.module.hook"
+    assert os.environ[VARIABLE] == "theirs.module.hook"
+
+
+def test_the_hook_imports_the_runtime_and_never_raises(tmp_path):
+    # In a fresh interpreter: the runtime is not imported before, it is after; and a
+    # runtime that cannot be imported does not make the hook raise.
+    code = (
+        "import os, sys\n"
+        "from rayflow.runtime.preload import import_runtime\n"
+        "assert 'rayflow.runtime.subtask' not in sys.modules\n"
+        f"os.environ[{VARIABLE!r}] = {SETUP_HOOK!r}\n"
+        "import_runtime()\n"
+        f"assert {VARIABLE!r} not in os.environ  # not inherited further\n"
+        "assert 'rayflow.runtime.subtask' in sys.modules\n"
+        "assert 'rayflow.runtime.job_master' in sys.modules\n"
+        "sys.modules['rayflow.runtime.subtask'] = None  # an import that fails\n"
+        "del sys.modules['rayflow.runtime.job_master']\n"
+        "import_runtime()\n"
+        "print('ok')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+    import_runtime()  # here, where it is imported already
+
+
+def test_the_hook_is_what_ray_loads():
+    from ray._common.utils import load_class  # what the worker loads the hook with
+
+    assert load_class(SETUP_HOOK) is import_runtime
+
+
+def test_no_hook_when_the_workers_would_import_another_rayflow(monkeypatch, tmp_path):
+    # A worker starts without the driver's script directory or working directory on its
+    # path (Ray adds them when its first task runs, after the hook): here its PYTHONPATH
+    # finds another rayflow first, so the hook would import (or fail to load) that one.
+    other = tmp_path / "rayflow"
+    (other / "runtime").mkdir(parents=True)
+    (other / "__init__.py").write_text("")
+    (other / "runtime" / "__init__.py").write_text("")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    monkeypatch.delenv(VARIABLE, raising=False)
+    with worker_setup_hook():
+        assert VARIABLE not in os.environ
+    assert VARIABLE not in os.environ
