@@ -131,18 +131,9 @@ ray.shutdown()
 def test_the_workers_of_a_local_ray_rayflow_starts_import_its_runtime_before_any_work(tmp_path):
     """A local Ray that rayflow starts (no Ray running, no address) has its workers import
     rayflow's runtime while they start, so an actor placed on one does not wait for it."""
-    import os
-    import subprocess
-    import sys
+    from tests.integration.drivers import run_driver
 
-    script = tmp_path / "probe.py"
-    script.write_text(_PRELOADED)
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    child_env = dict(os.environ, PYTHONPATH=root)
-    child_env.pop("RAY_ADDRESS", None)
-    done = subprocess.run(
-        [sys.executable, str(script)], cwd=root, env=child_env, capture_output=True, text=True
-    )
+    done = run_driver(tmp_path, "probe.py", _PRELOADED)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "preloaded: True" in done.stdout, done.stdout + done.stderr[-3000:]
 

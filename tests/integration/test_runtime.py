@@ -428,17 +428,8 @@ def test_a_collect_sink_runs_again_after_ray_is_started_anew_in_the_process(tmp_
     """A driver that shuts Ray down and starts it again (a new cluster) and runs a job
     with a sink of an earlier job: the sink gets a collector of the new cluster, not the
     handle of one that went with the old (whose use takes the process down)."""
-    import os
-    import subprocess
-    import sys
+    from tests.integration.drivers import run_driver
 
-    script = tmp_path / "rerun.py"
-    script.write_text(_RERUN_AFTER_RAY_REINIT)
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    child_env = dict(os.environ, PYTHONPATH=root)
-    child_env.pop("RAY_ADDRESS", None)
-    done = subprocess.run(
-        [sys.executable, str(script)], cwd=root, env=child_env, capture_output=True, text=True
-    )
+    done = run_driver(tmp_path, "rerun.py", _RERUN_AFTER_RAY_REINIT)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "rerun: [2]" in done.stdout
