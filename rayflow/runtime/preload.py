@@ -60,11 +60,25 @@ def _variable() -> str:
         return _FALLBACK_VARIABLE
 
 
+def _runs_tasks() -> bool:
+    """Whether this process is a worker that runs tasks and actors (not one of the
+    workers that spill and restore objects); True where that cannot be told."""
+    try:
+        import ray
+
+        mode = ray._private.worker.global_worker.mode
+        return mode not in (ray.SPILL_WORKER_MODE, ray.RESTORE_WORKER_MODE)
+    except Exception:  # noqa: BLE001 - another Ray: import as before
+        return True
+
+
 def import_runtime() -> None:
     """Import what the job master and a subtask import when they start. The hook's
     variable leaves this worker's environment: what the worker starts (a subprocess
     calling ``ray.init``, say) does not inherit it."""
     os.environ.pop(_variable(), None)
+    if not _runs_tasks():
+        return  # a worker that spills or restores objects runs no actor
     try:
         import rayflow.runtime.job_master  # noqa: F401
         import rayflow.runtime.subtask  # noqa: F401

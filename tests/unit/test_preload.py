@@ -82,3 +82,19 @@ def test_no_hook_when_the_workers_would_import_another_rayflow(monkeypatch, tmp_
     with worker_setup_hook():
         assert VARIABLE not in os.environ
     assert VARIABLE not in os.environ
+
+
+def test_workers_that_spill_or_restore_objects_import_nothing():
+    code = (
+        "import sys, ray\n"
+        "from rayflow.runtime.preload import import_runtime\n"
+        "ray._private.worker.global_worker.mode = ray.SPILL_WORKER_MODE\n"
+        "import_runtime()\n"
+        "assert 'rayflow.runtime.subtask' not in sys.modules\n"
+        "ray._private.worker.global_worker.mode = ray.WORKER_MODE\n"
+        "import_runtime()\n"
+        "assert 'rayflow.runtime.subtask' in sys.modules\n"
+        "print('ok')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
