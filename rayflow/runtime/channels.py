@@ -476,10 +476,7 @@ class OutputChannel:
         size, items = message_bytes(message), message_items(message)
         in_flight = self._in_flight
         waited_from = 0.0
-        while in_flight and (
-            self._in_flight_items + items > self.current_window
-            or self._in_flight_bytes + size > self.window_bytes
-        ):
+        while in_flight and not self._has_room(items, size):
             if not waited_from:
                 waited_from = time.monotonic()
             await self._acknowledged()

@@ -17,6 +17,12 @@ VARIABLE = preload._variable()
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(preload.__file__))))
 
 
+def assert_runs_ok(code: str) -> None:
+    """``code`` runs in a fresh interpreter (nothing of rayflow imported) and prints ok."""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+
+
 def test_the_variable_is_rays_own():
     from ray._private import ray_constants
 
@@ -58,8 +64,7 @@ def test_the_hook_imports_the_runtime_and_never_raises(tmp_path):
         "import_runtime()\n"
         "print('ok')\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+    assert_runs_ok(code)
     import_runtime()  # here, where it is imported already
 
 
@@ -96,5 +101,4 @@ def test_workers_that_spill_or_restore_objects_import_nothing():
         "assert 'rayflow.runtime.subtask' in sys.modules\n"
         "print('ok')\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+    assert_runs_ok(code)
