@@ -72,6 +72,8 @@ class CheckpointConfig:
     num_retained_runs: int = 10
     unaligned_checkpoints: bool = False
     aligned_checkpoint_timeout_ms: int = 0
+    #: statistics of this many recent checkpoints are kept (Flink's ``web.checkpoints.history``)
+    checkpoint_history_size: int = 10
 
     @property
     def alignment(self) -> CheckpointAlignment:
@@ -172,6 +174,16 @@ class CheckpointConfig:
 
     def get_aligned_checkpoint_timeout(self) -> int:
         return self.aligned_checkpoint_timeout_ms
+
+    def set_checkpoint_history_size(self, count: int) -> CheckpointConfig:
+        """How many recent checkpoints keep their statistics in ``JobResult.checkpoints``
+        and ``JobClient.checkpoints()`` (default 10, Flink's ``web.checkpoints.history``).
+        Counts, the latest completed and the latest failed checkpoint are kept whatever
+        the size."""
+        if count < 1:
+            raise ValueError(f"checkpoint history size must be >= 1, got {count}")
+        self.checkpoint_history_size = count
+        return self
 
     def set_num_retained_runs(self, count: int) -> CheckpointConfig:
         """How many runs of a job keep their checkpoint directory (default 10): when a run

@@ -121,6 +121,9 @@ class CheckpointHistory:
         self.total_duration_s = 0.0
         self.max_duration_s = 0.0
         self.latest_completed: int | None = None
+        #: statistics of the most recent checkpoint that did not complete (Flink's
+        #: "latest failed checkpoint"), kept after it leaves ``recent``
+        self.latest_failed: dict[str, Any] | None = None
 
     def add(self, stats: dict[str, Any]) -> None:
         self.recent.append(stats)
@@ -133,12 +136,15 @@ class CheckpointHistory:
             self.latest_completed = stats["checkpoint_id"]
             self.total_duration_s += stats["duration_s"]
             self.max_duration_s = max(self.max_duration_s, stats["duration_s"])
+        elif status != CheckpointStatus.IN_PROGRESS:
+            self.latest_failed = dict(stats)
 
     def summary(self) -> dict[str, Any]:
         completed = self.counts[CheckpointStatus.COMPLETED.value]
         return {
             "counts": dict(self.counts),
             "latest_completed": self.latest_completed,
+            "latest_failed": dict(self.latest_failed) if self.latest_failed else None,
             "mean_duration_s": self.total_duration_s / completed if completed else None,
             "max_duration_s": self.max_duration_s,
         }

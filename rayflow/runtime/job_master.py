@@ -56,9 +56,6 @@ from rayflow.status import FailureKind, JobState
 
 log = logging.getLogger("rayflow.job")
 
-#: How many checkpoints' statistics the job master keeps (Flink's default history size).
-CHECKPOINT_HISTORY = 10
-
 
 def subtask_max_concurrency(channels: int, send_window: int) -> int:
     """Concurrency slots of a subtask actor's data group: every input channel may have a
@@ -215,7 +212,9 @@ class JobMaster:
         self.started_at: float | None = None
         self.finished_at: float | None = None
         self.ray_metrics = JobMetrics(settings.job_name)
-        self.history = CheckpointHistory(CHECKPOINT_HISTORY, self.ray_metrics.checkpoint)
+        self.history = CheckpointHistory(
+            settings.checkpoint_config.checkpoint_history_size, self.ray_metrics.checkpoint
+        )
         self.checkpoint_failures = CheckpointFailureManager(
             settings.checkpoint_config.tolerable_failed_checkpoints
         )
@@ -342,7 +341,7 @@ class JobMaster:
         return out
 
     async def checkpoints(self) -> list[dict[str, Any]]:
-        """Statistics of the most recent checkpoints (at most ``CHECKPOINT_HISTORY``)."""
+        """Statistics of the most recent checkpoints (at most the configured history size)."""
         return list(self.history.recent)
 
     async def cancel(self) -> None:

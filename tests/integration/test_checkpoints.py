@@ -114,9 +114,11 @@ def test_a_checkpoint_that_times_out_is_aborted_and_later_ones_complete(tmp_path
     config = env.get_checkpoint_config()
     config.set_checkpoint_timeout(1500)
     config.set_tolerable_checkpoint_failure_number(5)
+    config.set_checkpoint_history_size(1000)  # checkpoints every 100 ms: keep them all
     result = env.execute(unique_job("timeout"))
     failed = [c for c in result.checkpoints if c["status"] == "FAILED"]
     assert failed and "timed out after 1500 ms" in failed[0]["failure"]
+    assert result.checkpoint_summary["counts"]["FAILED"] == len(failed)
     assert result.completed_checkpoints and result.restarts == 0
     got = outcome(result, sink)
     assert got.sums == expected_sums(N)

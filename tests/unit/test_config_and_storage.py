@@ -41,6 +41,7 @@ def test_defaults_follow_flink():
         ("set_min_pause_between_checkpoints", -1),
         ("set_max_concurrent_checkpoints", 2),
         ("set_num_retained_checkpoints", 0),
+        ("set_checkpoint_history_size", 0),
     ],
 )
 def test_bad_checkpoint_options_name_the_option(setter, value):

@@ -423,6 +423,24 @@ def test_history_is_bounded_and_counts_keep_growing():
     assert history.summary()["latest_completed"] == 29
 
 
+def test_the_latest_failed_checkpoint_outlives_the_bounded_history():
+    """A long run pushes a failed checkpoint out of ``recent``; the summary still says
+    which one failed last and why (Flink's latest failed checkpoint)."""
+    history = CheckpointHistory(size=3)
+    history.add(_stats(1, CheckpointStatus.COMPLETED))
+    assert history.summary()["latest_failed"] is None
+    history.add({**_stats(2, CheckpointStatus.FAILED), "failure": "DECLINED: injected fault"})
+    for cid in range(3, 20):
+        history.add(_stats(cid, CheckpointStatus.COMPLETED))
+    assert 2 not in [s["checkpoint_id"] for s in history.recent]
+    latest = history.summary()["latest_failed"]
+    assert latest["checkpoint_id"] == 2 and "injected fault" in latest["failure"]
+    history.add({**_stats(20, "ABORTED"), "failure": "TIMEOUT"})
+    assert history.summary()["latest_failed"]["checkpoint_id"] == 20
+    history.summary()["latest_failed"]["checkpoint_id"] = 99  # a copy
+    assert history.summary()["latest_failed"]["checkpoint_id"] == 20
+
+
 def test_history_summary_without_completed_checkpoints_and_is_a_copy():
     history = CheckpointHistory()
     history.add(_stats(1, CheckpointStatus.ABORTED))
