@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from rayflow.config import (
         CheckpointConfig,
         CheckpointingMode,
+        ExecutionConfig,
         RestartStrategies,
         RestartStrategy,
     )
@@ -123,6 +124,7 @@ _EXPORTS: dict[str, str] = {
     "CommittableSerializer": "rayflow.sink",
     "CheckpointConfig": "rayflow.config",
     "CheckpointingMode": "rayflow.config",
+    "ExecutionConfig": "rayflow.config",
     "RestartStrategies": "rayflow.config",
     "RestartStrategy": "rayflow.config",
     "DeliveryGuarantee": "rayflow.guarantees",
@@ -192,6 +194,7 @@ __all__ = [
     "CommittableSerializer",
     "CheckpointConfig",
     "CheckpointingMode",
+    "ExecutionConfig",
     "RestartStrategies",
     "RestartStrategy",
     "DeliveryGuarantee",

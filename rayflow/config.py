@@ -15,6 +15,7 @@ __all__ = [
     "CheckpointAlignment",
     "CheckpointingMode",
     "CheckpointConfig",
+    "ExecutionConfig",
     "RestartStrategies",
     "RestartStrategy",
 ]
@@ -192,6 +193,32 @@ class CheckpointConfig:
             raise ValueError(f"retained runs must be >= 1, got {count}")
         self.num_retained_runs = count
         return self
+
+
+@dataclass
+class ExecutionConfig:
+    """How a job's operators treat the records user functions give them
+    (``env.get_config()``, as Flink's ``ExecutionConfig``).
+
+    With object reuse off (the default) a per-record operator copies each record it
+    emits, so a function may change its accumulator, the value its state holds or any
+    object it emitted, and records emitted before keep their values. With it on nothing
+    is copied: faster, and correct only for functions that never change an object after
+    emitting it or one they were given (Flink's rule for ``enableObjectReuse``).
+    """
+
+    object_reuse: bool = False
+
+    def enable_object_reuse(self) -> ExecutionConfig:
+        self.object_reuse = True
+        return self
+
+    def disable_object_reuse(self) -> ExecutionConfig:
+        self.object_reuse = False
+        return self
+
+    def is_object_reuse_enabled(self) -> bool:
+        return self.object_reuse
 
 
 class RestartStrategy:

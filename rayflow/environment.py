@@ -23,7 +23,12 @@ from rayflow.checkpoint.metadata import CheckpointMetadata
 from rayflow.checkpoint.savepoint import is_savepoint, load_savepoint
 from rayflow.checkpoint.state_mapping import check_state_mapping
 from rayflow.checkpoint.storage import JobStorage, new_run_id, open_checkpoint_path
-from rayflow.config import CheckpointConfig, CheckpointingMode, RestartStrategy
+from rayflow.config import (
+    CheckpointConfig,
+    CheckpointingMode,
+    ExecutionConfig,
+    RestartStrategy,
+)
 from rayflow.datastream import DataStream
 from rayflow.errors import JobCancelledError, JobFailedError, JobResultLostError, SavepointError
 from rayflow.eventtime.strategy import WatermarkStrategy
@@ -1070,6 +1075,7 @@ class StreamExecutionEnvironment:
         self._subtask_options: dict[str, Any] = {}
         self._placement = PlacementConfig()
         self._checkpoint_config = CheckpointConfig()
+        self._execution_config = ExecutionConfig()
         self._restart_strategy: RestartStrategy | None = None
         self._fault_plan = None
         self._warm_workers = WarmWorkerConfig()
@@ -1108,6 +1114,10 @@ class StreamExecutionEnvironment:
 
     def get_checkpoint_config(self) -> CheckpointConfig:
         return self._checkpoint_config
+
+    def get_config(self) -> ExecutionConfig:
+        """How operators treat records (object reuse), as Flink's ``ExecutionConfig``."""
+        return self._execution_config
 
     def get_checkpoint_interval(self) -> int | None:
         return self._checkpoint_config.interval_ms
@@ -1449,6 +1459,7 @@ class StreamExecutionEnvironment:
             latency_tracking_interval_ms=self._latency_tracking_interval_ms,
             buffer_timeout_ms=self._buffer_timeout_ms,
             buffer_bytes=self._buffer_bytes,
+            object_reuse=self._execution_config.object_reuse,
             channel_bytes=self._channel_bytes,
             debloat_target_ms=self._debloat_target_ms,
             subtask_options=dict(self._subtask_options),

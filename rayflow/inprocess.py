@@ -126,7 +126,9 @@ class _Subtask:
 
 
 class _Run:
-    def __init__(self, graph: JobGraph, job_name: str, checkpointing: bool) -> None:
+    def __init__(
+        self, graph: JobGraph, job_name: str, checkpointing: bool, object_reuse: bool = False
+    ) -> None:
         self.graph = graph
         self.subtasks: dict[int, list[_Subtask]] = {
             vid: [_Subtask(v, i) for i in range(v.parallelism)]
@@ -134,6 +136,7 @@ class _Run:
         }
         self.job_name = job_name
         self.checkpointing = checkpointing
+        self.object_reuse = object_reuse
         self.run_id = f"run-inprocess-{uuid.uuid4().hex[:8]}"
 
     def open(self) -> None:
@@ -163,6 +166,7 @@ class _Run:
                     attempt=0,
                     checkpointing=self.checkpointing,
                     run_id=self.run_id,
+                    object_reuse=self.object_reuse,
                 )
             )
             recover = getattr(op, "recover", None)
@@ -332,7 +336,7 @@ def run_in_process(
         else:
             spec.sink.setup(job_name, spec.guarantee)
     checkpointing = env.get_checkpoint_config().is_checkpointing_enabled()
-    run = _Run(graph, job_name, checkpointing)
+    run = _Run(graph, job_name, checkpointing, env.get_config().is_object_reuse_enabled())
     try:
         run.open()
         run.read_sources()

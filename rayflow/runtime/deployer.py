@@ -123,6 +123,7 @@ class Deployer:
             latency_tracking_interval_ms=settings.latency_tracking_interval_ms,
             buffer_timeout_s=settings.buffer_timeout_ms / 1000.0,
             buffer_bytes=settings.buffer_bytes,
+            object_reuse=settings.object_reuse,
             channel_bytes=settings.channel_bytes,
             failure_classifier=settings.failure_classifier,
         )

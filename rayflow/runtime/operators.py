@@ -53,6 +53,7 @@ from rayflow.guarantees import DeliveryGuarantee
 from rayflow.keygroups import key_group_of, key_groups_of_array, key_groups_of_subtask
 from rayflow.plan.partitioners import KeySelector
 from rayflow.runtime.hooks import HookPoint
+from rayflow.runtime.record_copy import record_copier
 from rayflow.runtime.records import (
     RETURNS_RECORD,
     RETURNS_RECORDS,
@@ -82,6 +83,8 @@ class OperatorContext:
     #: ``schedule(delay_s, token)``: call ``on_timer(token)`` on the mailbox after
     #: ``delay_s`` (thread-safe); None outside a subtask
     timers: Any = None
+    #: emitted records are not copied (``ExecutionConfig.enable_object_reuse``)
+    object_reuse: bool = False
 
 
 class Operator:
@@ -159,6 +162,13 @@ class _UserFunctionOperator(Operator):
     def open(self, context: OperatorContext) -> None:
         super().open(context)
         _call_open(self.function, self._runtime_context())
+
+    def _copier(self) -> Callable[[Any], Any] | None:
+        """How to copy a record this operator emits before user code may change it again
+        (see :mod:`rayflow.runtime.record_copy`); None with object reuse on."""
+        if self.context.object_reuse:
+            return None
+        return record_copier(self._out.schema)
 
     def close(self) -> None:
         _call_close(self.function)
@@ -355,6 +365,8 @@ class KeyedReduceOperator(_KeyedOperator):
         set_key = backend.set_current_key if self._sets_key else None
         out: list[dict[str, Any]] = []
         append = out.append
+        # the state keeps the value, the output a copy: the next call may change the value
+        copy = self._copier()
         key = previous = None
         try:
             for key, record in zip(keys, rows):
@@ -366,7 +378,7 @@ class KeyedReduceOperator(_KeyedOperator):
                 previous = table.get(key)
                 value = record if previous is None else call(previous, record)
                 table[key] = value
-                append(value)
+                append(value if copy is None else copy(value))
         except StopIteration as exc:
             raise _stopped(self._out.what) from exc
         except Exception as exc:
@@ -421,7 +433,8 @@ class KeyedProcessOperator(_KeyedOperator):
             self._ctx,
         )
         out: list[dict[str, Any]] = []
-        extend = out.extend
+        copy = self._copier()  # a yielded record may be what the state holds
+        extend = out.extend if copy is None else (lambda records: out.extend(map(copy, records)))
         produced = None
         if timestamps is None:
             out_ts = None
@@ -454,6 +467,7 @@ class KeyedProcessOperator(_KeyedOperator):
         ctx = self._timer_ctx
         ctx._time_domain = domain
         on_timer = self.function.on_timer
+        copy = self._copier()
         while (due := pop()) is not None:
             timestamp, key, _ = due
             self.backend.set_current_key(key)
@@ -462,7 +476,7 @@ class KeyedProcessOperator(_KeyedOperator):
             if produced is not None:
                 before = len(out)
                 try:
-                    out.extend(produced)
+                    out.extend(produced if copy is None else map(copy, produced))
                 except TypeError as exc:
                     if not _iterable(produced):
                         raise RecordError(self._out.not_iterable(produced)) from exc

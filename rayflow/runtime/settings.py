@@ -36,6 +36,8 @@ class JobSettings:
     #: once), and the bytes at which a channel sends what it holds
     buffer_timeout_ms: int = DEFAULT_BUFFER_TIMEOUT_MS
     buffer_bytes: int = DEFAULT_BUFFER_BYTES
+    #: per-record operators do not copy what they emit (``ExecutionConfig``)
+    object_reuse: bool = False
     #: per channel, the most bytes of batches buffered at the receiver / in flight
     channel_bytes: int = DEFAULT_CHANNEL_BYTES
     #: buffer debloating's target (ms): the time in which a subtask drains its in-flight

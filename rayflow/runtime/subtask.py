@@ -144,6 +144,7 @@ class SubtaskDeployment:
     channel_bytes: int = DEFAULT_CHANNEL_BYTES
     #: the job's failure classifier (``rayflow.recoverability``), None: the default rules
     failure_classifier: Any = None
+    object_reuse: bool = False
     #: the job was stopped with a savepoint: a source reads nothing and no operator timer
     #: fires (the attempt only waits for the final checkpoint)
     sources_stopped: bool = False
@@ -742,6 +743,7 @@ class SubtaskActor:
                     fence=self.fence,
                     run_id=self.d.run_id,
                     timers=timers,
+                    object_reuse=self.d.object_reuse,
                 )
             )
 

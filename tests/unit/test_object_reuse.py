@@ -1,0 +1,184 @@
+"""Records emitted by per-record operators keep their values when user code changes the
+objects afterwards (object reuse off, the default), as in Flink; with object reuse on
+nothing is copied."""
+
+from __future__ import annotations
+
+import datetime
+import decimal
+
+import pyarrow as pa
+import pytest
+
+from rayflow import (
+    CollectionSource,
+    KeyedProcessFunction,
+    NumberSequenceSource,
+    StreamExecutionEnvironment,
+    ValueStateDescriptor,
+)
+from rayflow.config import ExecutionConfig
+from rayflow.eventtime import WatermarkStrategy
+from rayflow.runtime.record_copy import copy_record, record_copier
+from rayflow.testing import run_in_process
+
+N = 40
+KEYS = 3
+
+
+def _env(parallelism: int = 1, reuse: bool = False) -> StreamExecutionEnvironment:
+    env = StreamExecutionEnvironment.get_execution_environment().set_parallelism(parallelism)
+    if reuse:
+        env.get_config().enable_object_reuse()
+    return env
+
+
+def _keyed(env: StreamExecutionEnvironment, batch_size: int = N):
+    source = env.from_source(NumberSequenceSource(1, N, batch_size=batch_size))
+    return source.map(lambda r: {"k": r["value"] % KEYS, "v": r["value"]}).key_by("k")
+
+
+def _assert_running_sums(records: list[dict]) -> None:
+    """Per key, the emitted values are the running sums of the key's values in some
+    order (two source subtasks interleave): sorted, their steps are those values."""
+    for k in range(KEYS):
+        sums = sorted(r["v"] for r in records if r["k"] == k)
+        steps = [b - a for a, b in zip([0, *sums], sums)]
+        assert sorted(steps) == [v for v in range(1, N + 1) if v % KEYS == k], (k, sums)
+
+
+def _running_sums() -> list[tuple[int, int]]:
+    sums: dict[int, int] = {}
+    out = []
+    for v in range(1, N + 1):
+        k = v % KEYS
+        sums[k] = sums.get(k, 0) + v
+        out.append((k, sums[k]))
+    return sorted(out)
+
+
+def _add_into(a: dict, b: dict) -> dict:
+    a["v"] += b["v"]
+    return a
+
+
+def _add_into_then_copy(a: dict, b: dict) -> dict:
+    a["v"] += b["v"]  # the accumulator changes, a new record goes out
+    return dict(a)
+
+
+@pytest.mark.parametrize("reduce", [_add_into, _add_into_then_copy])
+@pytest.mark.parametrize(("parallelism", "batch_size"), [(1, N), (2, 7)])
+def test_a_reduce_that_adds_into_its_accumulator_emits_every_running_value(
+    reduce, parallelism, batch_size
+):
+    env = _env(parallelism)
+    _keyed(env, batch_size).reduce(reduce)
+    _assert_running_sums(run_in_process(env).records)
+
+
+def test_nested_values_are_copied_deeply():
+    def append(a: dict, b: dict) -> dict:
+        a["seen"].append(b["seen"][0])
+        return a
+
+    env = _env()
+    _keyed(env).map(lambda r: {"k": r["k"], "seen": [r["v"]]}).key_by("k").reduce(append)
+    records = run_in_process(env).records
+    for r in records:  # each record lists the key's values up to its own, in order
+        assert r["seen"] == [v for v in range(1, r["seen"][-1] + 1) if v % KEYS == r["k"]]
+
+
+class _CountInState(KeyedProcessFunction):
+    """Keeps one dict per key in state, changes it in place and yields it (per record and
+    again from an event-time timer at the end of input)."""
+
+    def open(self, runtime_context):
+        self.acc = runtime_context.get_state(ValueStateDescriptor("acc"))
+
+    def process_element(self, value, ctx):
+        acc = self.acc.value() or {"k": value["k"], "n": 0, "when": "record"}
+        acc["n"] += 1
+        self.acc.update(acc)
+        ctx.timer_service().register_event_time_timer(1000 + acc["n"])
+        yield acc
+
+    def on_timer(self, timestamp, ctx):
+        acc = self.acc.value()
+        acc["n"] += 1
+        acc["when"] = "timer"
+        yield acc
+
+
+def test_a_process_function_that_yields_its_state_value_emits_every_count():
+    env = _env(2)
+    rows = [{"k": i % KEYS, "t": i} for i in range(N)]
+    strategy = WatermarkStrategy.for_monotonous_timestamps().with_timestamp_assigner("t")
+    source = env.from_source(CollectionSource(rows, batch_size=N), strategy, "rows")
+    source.key_by("k").process(_CountInState())
+    records = run_in_process(env).records
+    per_key = {k: sum(1 for r in rows if r["k"] == k) for k in range(KEYS)}
+    for k, count in per_key.items():
+        mine = [r for r in records if r["k"] == k]
+        on_records = sorted(r["n"] for r in mine if r["when"] == "record")
+        on_timers = sorted(r["n"] for r in mine if r["when"] == "timer")
+        assert on_records == list(range(1, count + 1))
+        assert on_timers == list(range(count + 1, 2 * count + 1))  # one timer per count
+
+
+def test_with_object_reuse_on_nothing_is_copied():
+    """Flink's contract with object reuse: a function that changes what it emitted sees
+    the change in its earlier records; one that does not gets the same results."""
+    env = _env(reuse=True)
+    _keyed(env).reduce(_add_into)
+    records = run_in_process(env).records
+    finals = {k: max(v for kk, v in _running_sums() if kk == k) for k in range(KEYS)}
+    assert sorted((r["k"], r["v"]) for r in records) == sorted(
+        (v % KEYS, finals[v % KEYS]) for v in range(1, N + 1)
+    )
+    env = _env(reuse=True)
+    _keyed(env).reduce(lambda a, b: {"k": a["k"], "v": a["v"] + b["v"]})
+    records = run_in_process(env).records
+    assert sorted((r["k"], r["v"]) for r in records) == _running_sums()
+
+
+def test_execution_config_is_flinks():
+    config = ExecutionConfig()
+    assert not config.is_object_reuse_enabled()
+    assert config.enable_object_reuse().is_object_reuse_enabled()
+    assert not config.disable_object_reuse().is_object_reuse_enabled()
+    env = _env()
+    assert env.get_config() is env.get_config()
+    assert not env.get_config().is_object_reuse_enabled()
+
+
+def test_copies_are_shallow_for_scalar_records_and_deep_otherwise():
+    scalars = {
+        "i": 1,
+        "f": 1.5,
+        "s": "x",
+        "b": b"y",
+        "n": None,
+        "d": decimal.Decimal("1.5"),
+        "t": datetime.datetime(2026, 1, 1),
+    }
+    copied = copy_record(scalars)
+    assert copied == scalars and copied is not scalars
+    nested = {"k": 1, "items": [1, 2], "inner": {"a": [3]}}
+    copied = copy_record(nested)
+    nested["items"].append(9)
+    nested["inner"]["a"].append(9)
+    assert copied == {"k": 1, "items": [1, 2], "inner": {"a": [3]}}
+    not_a_record = [1, 2]
+    assert copy_record(not_a_record) is not_a_record  # the output rejects it by name
+
+
+def test_the_copier_follows_the_output_schema():
+    flat = pa.schema([("k", pa.int64()), ("v", pa.float64()), ("s", pa.string())])
+    nested = pa.schema([("k", pa.int64()), ("items", pa.list_(pa.int64()))])
+    assert record_copier(None) is copy_record  # schema not known yet: look at the values
+    assert record_copier(nested) is copy_record
+    shallow = record_copier(flat)
+    record = {"k": 1, "v": 2.0, "s": "x"}
+    assert shallow(record) == record and shallow(record) is not record
+    assert shallow(5) == 5
