@@ -96,10 +96,14 @@ def build(env: StreamExecutionEnvironment, records: int, sink: Sink) -> None:
     )
 
 
-def make_env(storage: str, parallelism: int = 1) -> StreamExecutionEnvironment:
+def make_env(
+    storage: str, parallelism: int = 1, object_reuse: bool = False
+) -> StreamExecutionEnvironment:
     env = StreamExecutionEnvironment.get_execution_environment().set_parallelism(parallelism)
     env.enable_checkpointing(1000, CheckpointingMode.EXACTLY_ONCE)
     env.get_checkpoint_config().set_checkpoint_storage(storage)
+    if object_reuse:
+        env.get_config().enable_object_reuse()
     return env
 
 
@@ -116,9 +120,11 @@ def check(records: int, result: dict[str, Any]) -> None:
 # --- whole job on Ray -------------------------------------------------------------------
 
 
-def run_job(records: int, storage: str, parallelism: int) -> tuple[float, int, str]:
+def run_job(
+    records: int, storage: str, parallelism: int, object_reuse: bool = False
+) -> tuple[float, int, str]:
     sink = MaxSink()
-    env = make_env(storage, parallelism)
+    env = make_env(storage, parallelism, object_reuse)
     build(env, records, sink)
     started = time.perf_counter()
     result = env.execute("per-record")
@@ -140,11 +146,13 @@ def job_mode(args: argparse.Namespace) -> None:
     storage = tempfile.mkdtemp(prefix="per-record-chk-")
     try:
         # warm-up: worker processes, imports
-        _, _, where = run_job(100_000, storage, args.parallelism)
+        _, _, where = run_job(100_000, storage, args.parallelism, args.object_reuse)
         print(f"workers run {where}", flush=True)
         rates = []
         for i in range(args.repeat):
-            wall, checkpoints, _ = run_job(args.records, storage, args.parallelism)
+            wall, checkpoints, _ = run_job(
+                args.records, storage, args.parallelism, args.object_reuse
+            )
             rates.append(args.records / wall)
             print(
                 f"run {i + 1}: {args.records:,} records in {wall:.2f} s = "
@@ -176,9 +184,9 @@ def _tune_gc_as_a_subtask() -> str:
     return f"gc thresholds {gc.get_threshold()} (as a subtask's process)"
 
 
-def run_chain(records: int, snapshot_every: int) -> tuple[float, float]:
+def run_chain(records: int, snapshot_every: int, object_reuse: bool = False) -> tuple[float, float]:
     sink = MaxSink()
-    env = make_env(tempfile.gettempdir())
+    env = make_env(tempfile.gettempdir(), object_reuse=object_reuse)
     build(env, records, sink)
     graph = env.get_job_graph()
     order = graph.topological_order()
@@ -198,6 +206,7 @@ def run_chain(records: int, snapshot_every: int) -> tuple[float, float]:
                     max_parallelism=vertex.max_parallelism,
                     attempt=0,
                     checkpointing=True,
+                    object_reuse=object_reuse,
                 )
             )
             chains[vid].append(op)
@@ -270,7 +279,7 @@ def chain_mode(args: argparse.Namespace) -> None:
     print(_tune_gc_as_a_subtask() if not args.default_gc else f"gc thresholds {gc.get_threshold()}")
     rates, cpu_rates = [], []
     for _ in range(args.repeat):
-        elapsed, cpu = run_chain(args.records, args.snapshot_every)
+        elapsed, cpu = run_chain(args.records, args.snapshot_every, args.object_reuse)
         rates.append(args.records / elapsed)
         cpu_rates.append(args.records / cpu)
         print(
@@ -291,6 +300,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--parallelism", type=int, default=1)
     parser.add_argument("--snapshot-every", type=int, default=100)
+    parser.add_argument(
+        "--object-reuse",
+        action="store_true",
+        help="operators do not copy the records they emit (ExecutionConfig)",
+    )
     parser.add_argument(
         "--default-gc",
         action="store_true",
