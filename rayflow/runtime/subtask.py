@@ -366,6 +366,8 @@ class SubtaskActor:
         self._final_checkpoint: int | None = None
         #: a final barrier left this source: it reads nothing more (unless it is aborted)
         self._source_stopped = deployment.sources_stopped
+        #: operator timers due after a final barrier, fired if its checkpoint is aborted
+        self._held_timers: list[_OperatorTimer] = []
         #: the newest checkpoint this subtask heard was aborted: a later trigger of it or
         #: of an older one is stale
         self._aborted_up_to = 0
@@ -1110,10 +1112,18 @@ class SubtaskActor:
             # final checkpoint while a restore from the savepoint fires the same timer
             # again. A sink's commit retries go on (the attempt finishes after them).
             operator = self.operators[item.position]
-            stopped = self.d.sources_stopped and not isinstance(
-                operator, TwoPhaseCommitSinkOperator
-            )
+            commits = isinstance(operator, TwoPhaseCommitSinkOperator)
+            stopped = self.d.sources_stopped and not commits
             if item.attempt == self.attempt and not stopped:
+                if self._final_checkpoint is not None and not commits:
+                    # After a final barrier (a stop with savepoint, or the end of input)
+                    # the timer is in the snapshot: what it emitted now would reach a
+                    # sink after it, and a restore would fire it again. Held until the
+                    # final checkpoint completes (dropped: the attempt ends) or is
+                    # aborted (fired then: the job goes on), as Flink's synchronous
+                    # savepoint holds a task's timers.
+                    self._held_timers.append(item)
+                    return
                 self._current_operator = self.d.vertex.operators[item.position].name
                 produced = self.operators[item.position].on_timer(item.token)
                 for batch in produced or ():
@@ -1121,17 +1131,22 @@ class SubtaskActor:
                 self._maybe_finish()
         elif isinstance(item, _Abort):
             self._aborted_up_to = max(self._aborted_up_to, item.checkpoint_id)
+            held: list[_OperatorTimer] = []
             if self._final_checkpoint == item.checkpoint_id:
                 # A stop with a savepoint failed: the job goes on (sources read again; a
-                # final checkpoint after end of input is triggered again).
+                # final checkpoint after end of input is triggered again), and so do the
+                # timers held since its barrier.
                 self._final_checkpoint = None
                 self._source_stopped = self.d.sources_stopped
+                held, self._held_timers = self._held_timers, []
             await self.barriers.abort(item.checkpoint_id)
             self._drop_unaligned(item.checkpoint_id)
             for op in self.operators:
                 notify = getattr(op, "notify_checkpoint_aborted", None)
                 if notify is not None:
                     notify(item.checkpoint_id)
+            for timer in held:
+                await self._on_control(timer)
 
     def _maybe_finish(self) -> None:
         """The final checkpoint is complete and no operator has commits due: done."""

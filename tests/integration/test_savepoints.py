@@ -6,6 +6,7 @@ operator takes, and a failed savepoint that leaves the job and its checkpoint id
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import time
@@ -17,7 +18,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from rayflow import StreamExecutionEnvironment
+from rayflow import Sink, SinkContext, SinkWriter, StreamExecutionEnvironment
 from rayflow.checkpoint.metadata import CheckpointMetadata
 from rayflow.checkpoint.state_mapping import MissingUidWarning
 from rayflow.cli import main as cli_main
@@ -530,7 +531,7 @@ class Reminders(KeyedProcessFunction):
         yield {"key": ctx.get_current_key(), "fired": timestamp}
 
 
-def build_reminders(tmp_path, plan=None):
+def build_reminders(tmp_path, plan=None, sink=None):
     env = StreamExecutionEnvironment.get_execution_environment().set_parallelism(P)
     env.enable_checkpointing(600_000)  # only savepoints take checkpoints
     env.get_checkpoint_config().set_checkpoint_storage(str(tmp_path / "chk"))
@@ -544,7 +545,7 @@ def build_reminders(tmp_path, plan=None):
         .key_by("key")
         .process(Reminders(), "reminders")
         .uid("reminders")
-        .sink_to(FileSink(str(tmp_path / "fired"), "parquet"), name="fired")
+        .sink_to(sink or FileSink(str(tmp_path / "fired"), "parquet"), name="fired")
         .uid("fired")
     )
     return env
@@ -569,6 +570,87 @@ def test_timers_do_not_fire_after_a_stop_into_output_the_savepoint_makes_again(t
     pairs = list(zip(fired.column("key").to_pylist(), fired.column("fired").to_pylist()))
     assert len(pairs) > 0
     assert len(set(pairs)) == len(pairs), "a timer's output was committed twice"
+
+
+class _SlowSavepointWrite(MasterHooks):
+    def at(self, point, checkpoint, subtasks) -> bool:
+        if point is HookPoint.JOB_MASTER_BEFORE_SAVEPOINT_WRITE:
+            time.sleep(3.0)  # every subtask has passed the barrier; timers come due
+        return True
+
+
+class SlowSavepointWrite(RuntimeHooks):
+    """Attempt 0: the job master writes the savepoint 3 s after every subtask acknowledged
+    it."""
+
+    def for_job_master(self, attempt: int) -> MasterHooks | None:
+        return _SlowSavepointWrite() if attempt == 0 else None
+
+
+class _AppendLines(SinkWriter):
+    def __init__(self, path: str) -> None:
+        self.file = open(path, "a")  # noqa: SIM115 - closed in finish()
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        for record in batch.to_pylist():
+            self.file.write(json.dumps(record) + "\n")
+        self.file.flush()  # out at once: nothing to commit, nothing taken back
+
+    def finish(self) -> None:
+        self.file.close()
+
+
+class AppendLinesSink(Sink):
+    """Writes each record as a line to a file per subtask as it comes (no transactions:
+    at least once)."""
+
+    def __init__(self, directory: str) -> None:
+        super().__init__()
+        self.directory = directory
+
+    def create_writer(self, context: SinkContext) -> SinkWriter:
+        os.makedirs(self.directory, exist_ok=True)
+        name = f"{context.subtask_index}-{time.time_ns()}.jsonl"
+        return _AppendLines(os.path.join(self.directory, name))
+
+
+def lines(directory) -> list[dict]:
+    out = []
+    for name in sorted(os.listdir(directory)):
+        with open(os.path.join(directory, name)) as f:
+            out += [json.loads(line) for line in f]
+    return out
+
+
+@pytest.mark.parametrize("sink", ["transactions", "at once"])
+def test_timers_due_while_a_stop_completes_fire_after_the_restore_only(tmp_path, sink):
+    """Timers come due after the process function took the stop's barrier, while the
+    savepoint is written: they are in the savepoint, so they fire after the restore and
+    not also before (Flink's synchronous savepoint holds them): a sink that writes at
+    once would get their records twice."""
+    job = f"stop-held-timers-{time.time_ns()}"
+
+    def build():
+        if sink == "transactions":
+            return build_reminders(tmp_path), lambda: committed(tmp_path / "fired").to_pylist()
+        out = str(tmp_path / "lines")
+        return build_reminders(tmp_path, sink=AppendLinesSink(out)), lambda: lines(out)
+
+    env, _ = build()
+    inject_faults(env, SlowSavepointWrite())
+    client = env.execute_async(job)
+    wait_generated(client, 400)
+    time.sleep(1.0)
+    path = client.stop_with_savepoint(str(tmp_path / "sp"), timeout=90)
+    assert client.wait(90).restarts == 0
+    env2, written = build()
+    client2 = env2.execute_async(job, restore_from=path)
+    wait_generated(client2, 400)
+    time.sleep(2.0)  # the savepoint's timers are due by now
+    client2.stop_with_savepoint(str(tmp_path / "sp2"), timeout=90)
+    pairs = [(r["key"], r["fired"]) for r in written()]
+    assert len(pairs) > 0
+    assert len(set(pairs)) == len(pairs), "a timer's output was written twice"
 
 
 def assert_withdrawn_and_the_job_goes_on(client, tmp_path, stall_s: float) -> None:
