@@ -21,11 +21,18 @@ import ray
 __all__ = ["holding", "load1", "load_text", "rayflow_revision", "start_ray"]
 
 
-def start_ray(attempts: int = 2) -> None:
-    """``ray.init`` on a fresh local Ray, once more if a loaded machine made it time out."""
+def start_ray(attempts: int = 2, rayflow_starts: bool = False) -> None:
+    """``ray.init`` on a fresh local Ray, once more if a loaded machine made it time out.
+    ``rayflow_starts``: start it as a job that finds no Ray does (``ensure_ray``: a 1 MiB
+    inline-argument limit, workers that import rayflow's runtime while idle)."""
     for attempt in range(attempts):
         try:
-            ray.init(address="local", include_dashboard=False, logging_level="WARNING")
+            if rayflow_starts:
+                from rayflow.environment import ensure_ray
+
+                ensure_ray("local")
+            else:
+                ray.init(address="local", include_dashboard=False, logging_level="WARNING")
             return
         except Exception:
             if attempt + 1 == attempts:

@@ -600,6 +600,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--steady-only", action="store_true", help="only the steady-state block")
     parser.add_argument("--runs", type=int, default=3, help="runs per configuration (median)")
     parser.add_argument("--no-warm-up", dest="warm_up", action="store_false")
+    parser.add_argument(
+        "--rayflow-starts-ray",
+        action="store_true",
+        help="start the local Ray as a job that finds none does (ensure_ray: 1 MiB inline "
+        "arguments, workers import rayflow while idle) instead of ray.init(address='local')",
+    )
     parser.add_argument("--peer-timeout", type=float, default=PEER_TIMEOUT_S)
     parser.add_argument(
         "--bytewax-batch-size",
@@ -690,7 +696,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     # the directory holding the rayflow this driver imported, so that workers import the
     # same one (checked again by the sink after every job).
     os.chdir(Path(rayflow.__file__).resolve().parents[1])
-    start_ray()
+    start_ray(rayflow_starts=args.rayflow_starts_ray)
+    starter = "rayflow (ensure_ray)" if args.rayflow_starts_ray else "ray.init"
+    progress(f"Ray started by {starter}")
     storage = tempfile.mkdtemp(prefix="rayflow-bench-peers-")
     results: dict[Config, list[Run]] = {c: [] for b in blocks for c in b.configs}
     started = time.perf_counter()
