@@ -653,6 +653,37 @@ def test_timers_due_while_a_stop_completes_fire_after_the_restore_only(tmp_path,
     assert len(set(pairs)) == len(pairs), "a timer's output was written twice"
 
 
+def test_timers_held_by_a_withdrawn_stop_fire_once_and_timers_go_on_firing(tmp_path):
+    """The stop's checkpoint stalls (the first process subtask sleeps after its snapshot)
+    while the other one, past the barrier, holds the timers that come due; the caller
+    gives up and the stop is withdrawn (aborted): the held timers fire, once, and every
+    key's timers go on firing afterwards (a held wake-up lost would leave its subtask's
+    timers unarmed for good)."""
+    from rayflow.environment import JobWaitTimeout
+
+    out = str(tmp_path / "lines")
+    env = build_reminders(tmp_path, sink=AppendLinesSink(out))
+    env.get_checkpoint_config().set_checkpoint_timeout(120_000)
+    stall = Fault(FaultPoint.AFTER_SNAPSHOT, vertex="reminders", action="sleep", seconds=3)
+    inject_faults(env, FaultPlan([stall]))
+    client = env.execute_async(f"stop-withdrawn-timers-{time.time_ns()}")
+    wait_generated(client, 400)
+    time.sleep(1.0)
+    with pytest.raises(JobWaitTimeout, match="withdrawn"):
+        client.stop_with_savepoint(str(tmp_path / "sp"), timeout=1.5)
+    withdrawn_ms = time.time() * 1000
+    time.sleep(3.0)  # the stalled subtask wakes up; the held timers fire
+    assert client.get_job_status() is JobState.RUNNING
+    before = generated_records(client)
+    wait_generated(client, before + 2000)  # the sources read again, for a second
+    time.sleep(2.0)  # the timers of what was read come due
+    client.stop_with_savepoint(str(tmp_path / "sp"), timeout=90)
+    pairs = [(r["key"], r["fired"]) for r in lines(out)]
+    assert len(set(pairs)) == len(pairs), "a timer's output was written twice"
+    late = {key for key, fired in pairs if fired > withdrawn_ms + 1000}
+    assert late == set(range(KEYS)), f"keys whose timers stopped firing: {set(range(KEYS)) - late}"
+
+
 def assert_withdrawn_and_the_job_goes_on(client, tmp_path, stall_s: float) -> None:
     """After a stop with savepoint was withdrawn while its checkpoint stalled for
     ``stall_s``: the job runs and reads on, no savepoint was written, the checkpoint
