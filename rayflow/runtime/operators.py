@@ -89,6 +89,9 @@ class OperatorContext:
 
 class Operator:
     name = "operator"
+    #: its timers go on after a final barrier (commit retries, which the attempt waits
+    #: for); a function's timers are held there: they are in the snapshot
+    timers_after_final_barrier = False
 
     def open(self, context: OperatorContext) -> None:
         self.context = context

@@ -111,6 +111,8 @@ class _Due:
 
 
 class TwoPhaseCommitSinkOperator(Operator):
+    timers_after_final_barrier = True  # its timers retry commits the attempt waits for
+
     def __init__(
         self,
         sink: TwoPhaseCommittingSink,

@@ -88,7 +88,6 @@ from rayflow.runtime.operators import Operator, OperatorContext
 from rayflow.runtime.output import capture_stdout
 from rayflow.runtime.ray_metrics import EXPORT_INTERVAL_S, SubtaskMetricsExporter
 from rayflow.runtime.restore import StateHandle
-from rayflow.runtime.sink_operator import TwoPhaseCommitSinkOperator
 from rayflow.sources import SourceReader
 from rayflow.state import KeyedStateBackend
 
@@ -1112,7 +1111,7 @@ class SubtaskActor:
             # final checkpoint while a restore from the savepoint fires the same timer
             # again. A sink's commit retries go on (the attempt finishes after them).
             operator = self.operators[item.position]
-            commits = isinstance(operator, TwoPhaseCommitSinkOperator)
+            commits = operator.timers_after_final_barrier
             stopped = self.d.sources_stopped and not commits
             if item.attempt == self.attempt and not stopped:
                 if self._final_checkpoint is not None and not commits:
