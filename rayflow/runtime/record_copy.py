@@ -9,8 +9,11 @@ value. With object reuse on (``env.get_config().enable_object_reuse()``) nothing
 copied, and such functions must not change what they emitted or were given.
 
 A record whose values are all immutable scalars is copied shallowly (``dict.copy``);
-one holding a list, dict or other mutable value is copied deeply. Something that is not
-a dict is left alone: it is not a record, and the operator's output rejects it by name.
+one holding a list, dict, bytearray or other mutable value is copied deeply. A record of
+a dict subclass or another mapping (the output takes any mapping) becomes a plain dict.
+Something that is not a mapping is left alone: it is not a record, and the operator's
+output rejects it by name; so is a value that cannot be copied (a lock, a generator): it
+is no Arrow value either, and the output names the operator, the key and the record.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from __future__ import annotations
 import copy
 import datetime
 import decimal
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import pyarrow as pa
@@ -43,34 +46,68 @@ _IMMUTABLE = frozenset(
 )
 
 
+_known = _IMMUTABLE.__contains__
+
+
 def copy_record(record: Any) -> Any:
     """A copy of ``record`` that later changes to ``record`` (or to what it holds) do not
-    reach; ``record`` itself when it is not a dict."""
-    if type(record) is not dict:
+    reach; ``record`` itself when it is not a mapping."""
+    if type(record) is dict:
+        if all(map(_known, map(type, record.values()))):
+            return record.copy()
+    elif isinstance(record, Mapping):
+        try:
+            record = dict(record)
+        except Exception:  # noqa: BLE001 - the output names the operator and the record
+            return record
+        if all(map(_known, map(type, record.values()))):
+            return record
+    else:
         return record
-    for value in record.values():
-        if type(value) not in _IMMUTABLE:
-            return copy.deepcopy(record)
-    return record.copy()
+    try:
+        return copy.deepcopy(record)
+    except Exception:  # noqa: BLE001 - not an Arrow value: the output rejects it by name
+        return dict(record)
 
 
 def _copy_flat(record: Any) -> Any:
-    return record.copy() if type(record) is dict else record
+    return record.copy() if type(record) is dict else copy_record(record)
+
+
+#: column types that take a mutable value too (a bytearray or memoryview); the view
+#: types are in pyarrow 16 and later
+_TAKES_BUFFERS = tuple(
+    getattr(pa.types, test)
+    for test in (
+        "is_string",
+        "is_large_string",
+        "is_string_view",
+        "is_binary",
+        "is_large_binary",
+        "is_binary_view",
+        "is_fixed_size_binary",
+    )
+    if hasattr(pa.types, test)
+)
 
 
 def _is_flat(schema: pa.Schema) -> bool:
-    """Every column holds values of an immutable Python type (no lists, structs, maps)."""
+    """Every column takes only values of an immutable Python type (numbers, times; no
+    lists, structs or maps, and no text or binary, which take a bytearray)."""
     return not any(
-        pa.types.is_nested(field.type) or pa.types.is_dictionary(field.type) for field in schema
+        pa.types.is_nested(field.type)
+        or pa.types.is_dictionary(field.type)
+        or any(test(field.type) for test in _TAKES_BUFFERS)
+        for field in schema
     )
 
 
 def record_copier(schema: pa.Schema | None) -> Callable[[Any], Any]:
     """How to copy the records of an output of ``schema`` (None: not known yet).
 
-    With a schema of scalar columns a shallow copy is a full one: a record whose value
-    does not fit its column is rejected when the batch is built, so only such records
-    skip the check of every value."""
+    With a schema of number and time columns a shallow copy is a full one: a record whose
+    value does not fit its column is rejected when the batch is built, so only such
+    records skip the check of every value."""
     if schema is not None and _is_flat(schema):
         return _copy_flat
     return copy_record

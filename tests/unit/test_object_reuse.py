@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime
 import decimal
+import threading
 
 import pyarrow as pa
 import pytest
@@ -18,6 +19,7 @@ from rayflow import (
     ValueStateDescriptor,
 )
 from rayflow.config import ExecutionConfig
+from rayflow.errors import SchemaChangeError
 from rayflow.eventtime import WatermarkStrategy
 from rayflow.runtime.record_copy import copy_record, record_copier
 from rayflow.testing import run_in_process
@@ -182,3 +184,84 @@ def test_the_copier_follows_the_output_schema():
     record = {"k": 1, "v": 2.0, "s": "x"}
     assert shallow(record) == record and shallow(record) is not record
     assert shallow(5) == 5
+
+
+# --- every per-record operator, every value a record may hold ----------------------------
+
+
+class _AppendToBuffer(KeyedProcessFunction):
+    """Keeps a bytearray per key in state, appends to it and yields it."""
+
+    def open(self, runtime_context):
+        self.buffer = runtime_context.get_state(ValueStateDescriptor("buffer"))
+
+    def process_element(self, value, ctx):
+        buffer = self.buffer.value()
+        if buffer is None:
+            buffer = bytearray()
+            self.buffer.update(buffer)
+        buffer.append(ord("a") + value["i"])
+        yield {"k": value["k"], "buffer": buffer}
+
+
+def test_a_bytearray_is_copied_in_every_batch_not_only_the_first():
+    """After the first batch the output's schema is known (``k``: int64, ``buffer``:
+    binary): a binary column still takes a bytearray, which can change."""
+    env = _env()
+    rows = [{"k": 0, "i": i} for i in range(6)]
+    env.from_source(CollectionSource(rows, batch_size=3)).key_by("k").process(_AppendToBuffer())
+    assert [r["buffer"] for r in run_in_process(env).records] == [
+        b"a",
+        b"ab",
+        b"abc",
+        b"abcd",
+        b"abcde",
+        b"abcdef",
+    ]
+
+
+@pytest.mark.parametrize("column", [pa.binary(), pa.string(), pa.large_binary()])
+def test_the_copier_of_a_text_or_binary_column_copies_a_bytearray(column):
+    """Arrow takes a bytearray (or memoryview) into a text or binary column."""
+    schema = pa.schema([("k", pa.int64()), ("b", column)])
+    buffer = bytearray(b"x")
+    copied = record_copier(schema)({"k": 1, "b": buffer})
+    buffer.extend(b"yz")
+    assert copied == {"k": 1, "b": b"x"}
+
+
+class _Row(dict):
+    """A record type of the user's: a dict with more to it."""
+
+
+def _add_into_a_row(a: dict, b: dict) -> dict:
+    a = a if isinstance(a, _Row) else _Row(a)
+    a["v"] += b["v"]
+    return a
+
+
+@pytest.mark.parametrize("schema_known", [False, True])
+def test_a_record_of_a_dict_subclass_is_copied(schema_known):
+    env = _env()
+    rows = [{"k": 0, "v": v} for v in (1, 2, 3, 4)]
+    output_type = pa.schema([("k", pa.int64()), ("v", pa.int64())]) if schema_known else None
+    env.from_collection(rows).key_by("k").reduce(_add_into_a_row, output_type=output_type)
+    assert [r["v"] for r in run_in_process(env).records] == [1, 3, 6, 10]
+
+
+class _YieldsALock(KeyedProcessFunction):
+    def process_element(self, value, ctx):
+        yield {"k": value["k"], "lock": threading.Lock()}
+
+
+def test_a_value_that_cannot_be_copied_is_rejected_naming_the_operator():
+    env = _env()
+    env.from_collection([{"k": 0}]).key_by("k").process(_YieldsALock(), name="Locks")
+    with pytest.raises(SchemaChangeError, match="process 'Locks'.*'lock'"):
+        run_in_process(env)
+    env = _env()
+    env.from_collection([{"k": 0, "v": 1}, {"k": 0, "v": 2}]).key_by("k").reduce(
+        lambda a, b: {"k": 0, "v": threading.Lock()}, name="LockReduce"
+    )
+    with pytest.raises(SchemaChangeError, match="reduce 'LockReduce'.*'v'"):
+        run_in_process(env)
