@@ -215,7 +215,9 @@ class MapOperator(_UserFunctionOperator):
 
     def process(self, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
         batch, timestamps = split_timestamps(batch)
-        mapped = list(map(self._call, iter_columns(batch)[0]))
+        mapped_records = map(self._call, iter_columns(batch)[0])
+        copy = self._copier()  # the function may return a dict it keeps and changes
+        mapped = list(mapped_records if copy is None else map(copy, mapped_records))
         if len(mapped) != batch.num_rows:  # map() ended at a StopIteration the call raised
             raise _stopped(self._out.what)
         out = self._out.build(mapped)
@@ -236,7 +238,8 @@ class FlatMapOperator(_UserFunctionOperator):
         call = self._call
         batch, timestamps = split_timestamps(batch)
         out: list[dict[str, Any]] = []
-        extend = out.extend
+        copy = self._copier()  # a generator may change and yield one dict again
+        extend = out.extend if copy is None else (lambda records: out.extend(map(copy, records)))
         produced = None
         out_ts: list[int] | None = None if timestamps is None else []
         stamps: Any = repeat(None) if timestamps is None else timestamps.to_pylist()

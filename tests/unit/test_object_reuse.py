@@ -14,6 +14,7 @@ import pytest
 from rayflow import (
     CollectionSource,
     KeyedProcessFunction,
+    MapFunction,
     NumberSequenceSource,
     StreamExecutionEnvironment,
     ValueStateDescriptor,
@@ -189,6 +190,36 @@ def test_the_copier_follows_the_output_schema():
 # --- every per-record operator, every value a record may hold ----------------------------
 
 
+class _KeepsOneRecord(MapFunction):
+    """Returns the one dict it keeps, changed for each record."""
+
+    def open(self, runtime_context):
+        self.out = {}
+
+    def map(self, value):
+        self.out["v"] = value["v"]
+        return self.out
+
+
+def test_a_map_that_returns_a_dict_it_keeps_emits_every_value():
+    env = _env()
+    env.from_collection([{"v": v} for v in range(5)]).map(_KeepsOneRecord())
+    assert [r["v"] for r in run_in_process(env).records] == [0, 1, 2, 3, 4]
+
+
+def _explode(record: dict):
+    for i in range(3):
+        record["i"] = i  # the same dict, changed and yielded again
+        yield record
+
+
+def test_a_flat_map_that_changes_and_yields_one_dict_again_emits_every_version():
+    env = _env()
+    env.from_collection([{"v": 1}, {"v": 2}]).flat_map(_explode)
+    records = run_in_process(env).records
+    assert sorted((r["v"], r["i"]) for r in records) == [(v, i) for v in (1, 2) for i in range(3)]
+
+
 class _AppendToBuffer(KeyedProcessFunction):
     """Keeps a bytearray per key in state, appends to it and yields it."""
 
@@ -265,3 +296,9 @@ def test_a_value_that_cannot_be_copied_is_rejected_naming_the_operator():
     )
     with pytest.raises(SchemaChangeError, match="reduce 'LockReduce'.*'v'"):
         run_in_process(env)
+
+
+def test_with_object_reuse_on_a_map_copies_nothing_either():
+    env = _env(reuse=True)
+    env.from_collection([{"v": v} for v in range(3)]).map(_KeepsOneRecord())
+    assert [r["v"] for r in run_in_process(env).records] == [2, 2, 2]
