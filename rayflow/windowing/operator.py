@@ -43,6 +43,7 @@ from rayflow.keygroups import key_groups_of_array
 from rayflow.outputs import SideOutput
 from rayflow.plan.partitioners import KeySelector
 from rayflow.runtime.operators import _AGGREGATIONS, OperatorContext, _KeyedOperator
+from rayflow.runtime.record_copy import copy_record
 from rayflow.runtime.records import RETURNS_RECORD, YIELDS_RECORDS
 from rayflow.windowing.assigners import TimeWindow, WindowAssigner
 from rayflow.windowing.functions import AggregateFunction, ProcessWindowFunction
@@ -322,16 +323,26 @@ class WindowOperator(_KeyedOperator):
         keys = list(keys)
         acc, backend = self._acc, self.backend
         watermark = self.timers.watermark
+        # A reduce keeps a window's first record as its value and may add into it: a
+        # record in several (sliding) windows starts each with a copy of its own.
+        first = (
+            copy_record
+            if self.window_kind is WindowKind.REDUCE and not self.context.object_reuse
+            else None
+        )
         for i, start in zip(rows_of.tolist(), starts.tolist()):
             key = keys[i]
             table = backend.table_of_key(key, WINDOW_STATE)
             entry = (key, start)
+            record = rows[i]
             current = table.get(entry, _MISSING)
             if current is _MISSING:
                 current = acc.create()
                 self._register(key, TimeWindow(start, start + size))
+                if first is not None:
+                    record = first(record)
             backend.set_current_key(key)
-            table[entry] = acc.add(current, rows[i])
+            table[entry] = acc.add(current, record)
             if start + size - 1 <= watermark and self._event_time:
                 out.touched(key, TimeWindow(start, start + size))
 
@@ -488,27 +499,35 @@ class _Fired:
             return [self._aggregation_batch(results)]
         records: list[dict[str, Any]] = []
         stamps: list[int] = []
+        # each result is copied as it is given: the function may change it later (a
+        # result dict it keeps, an element of two sliding windows)
+        copy = op._copier()
         for key, window, acc in results:
-            produced = self._records(key, window, acc)
+            produced = self._records(key, window, acc, copy)
             records.extend(produced)
             stamps.extend([window.max_timestamp()] * len(produced))
         return attach_timestamps(op._out.build(records), stamps)
 
-    def _records(self, key: Any, window: TimeWindow, acc: Any) -> list[dict[str, Any]]:
+    def _records(
+        self, key: Any, window: TimeWindow, acc: Any, copy: Callable[[Any], Any] | None
+    ) -> list[dict[str, Any]]:
         op = self.op
         kind = op.window_kind
         if kind is WindowKind.REDUCE:
-            return [acc]
+            return [acc if copy is None else copy(acc)]
         if kind is WindowKind.AGGREGATE:
             op.backend.set_current_key(key)
-            return [op.function.get_result(acc)]
+            result = op.function.get_result(acc)
+            return [result if copy is None else copy(result)]
         ctx = op._window_ctx
         ctx._window = window
         ctx._watermark = op.timers.watermark
         ctx._processing_time = op.timers.current_processing_time()
         op.backend.set_current_key(key)
         produced = op.function.process(key, ctx, list(acc))
-        return [] if produced is None else list(produced)
+        if produced is None:
+            return []
+        return list(produced if copy is None else map(copy, produced))
 
     def _aggregation_batch(self, results: list[tuple[Any, TimeWindow, Any]]) -> pa.RecordBatch:
         op = self.op

@@ -21,9 +21,15 @@ from rayflow import (
 )
 from rayflow.config import ExecutionConfig
 from rayflow.errors import SchemaChangeError
-from rayflow.eventtime import WatermarkStrategy
+from rayflow.eventtime import Duration, WatermarkStrategy
 from rayflow.runtime.record_copy import copy_record, record_copier
 from rayflow.testing import run_in_process
+from rayflow.windowing import (
+    AggregateFunction,
+    ProcessWindowFunction,
+    SlidingEventTimeWindows,
+    TumblingEventTimeWindows,
+)
 
 N = 40
 KEYS = 3
@@ -218,6 +224,84 @@ def test_a_flat_map_that_changes_and_yields_one_dict_again_emits_every_version()
     env.from_collection([{"v": 1}, {"v": 2}]).flat_map(_explode)
     records = run_in_process(env).records
     assert sorted((r["v"], r["i"]) for r in records) == [(v, i) for v in (1, 2) for i in range(3)]
+
+
+def _timed(env: StreamExecutionEnvironment, rows: list[dict]):
+    strategy = WatermarkStrategy.for_monotonous_timestamps().with_timestamp_assigner("t")
+    return env.from_source(CollectionSource(rows, batch_size=len(rows)), strategy, "rows")
+
+
+class _SumIntoOneResult(AggregateFunction):
+    """``get_result`` fills in and returns the one dict it keeps."""
+
+    def open(self, runtime_context):
+        self.result = {}
+
+    def create_accumulator(self):
+        return 0
+
+    def add(self, value, accumulator):
+        return accumulator + value["v"]
+
+    def get_result(self, accumulator):
+        self.result["n"] = accumulator
+        return self.result
+
+
+def test_windows_that_fire_together_keep_each_result_of_an_aggregate_function():
+    env = _env()
+    rows = [{"k": 0, "v": 1, "t": t} for t in range(20)] + [{"k": 1, "v": 2, "t": 0}]
+    window = TumblingEventTimeWindows.of(Duration.of_millis(5))
+    _timed(env, rows).key_by("k").window(window).aggregate(_SumIntoOneResult())
+    assert sorted(r["n"] for r in run_in_process(env).records) == [2, 5, 5, 5, 5]
+
+
+def test_a_sliding_window_reduce_that_adds_into_its_accumulator_keeps_windows_apart():
+    """A record is in two sliding windows; the first record of both must not be one dict
+    that the reduce of either window adds into."""
+    env = _env()
+    rows = [{"k": 0, "v": 1, "t": t} for t in range(20)]
+    window = SlidingEventTimeWindows.of(Duration.of_millis(10), Duration.of_millis(5))
+    _timed(env, rows).key_by("k").window(window).reduce(_add_into)
+    assert [r["v"] for r in run_in_process(env).records] == [5, 10, 10, 10, 5]
+
+
+class _WithWindowEnd(ProcessWindowFunction):
+    """Sets the window's end in each element and yields the element."""
+
+    def process(self, key, context, elements):
+        for element in elements:
+            element["end"] = context.window().end
+            yield element
+
+
+def test_a_process_window_function_that_yields_its_elements_keeps_each_window_s_values():
+    env = _env()
+    rows = [{"k": 0, "t": t} for t in range(10)]
+    window = SlidingEventTimeWindows.of(Duration.of_millis(10), Duration.of_millis(5))
+    _timed(env, rows).key_by("k").window(window).process(_WithWindowEnd())
+    ends = sorted((r["end"], r["t"]) for r in run_in_process(env).records)
+    assert ends == [(5, t) for t in range(5)] + [(10, t) for t in range(10)] + [
+        (15, t) for t in range(5, 10)
+    ]
+
+
+class _CountsUp(ProcessWindowFunction):
+    """Yields one dict per element, changed before each yield."""
+
+    def process(self, key, context, elements):
+        out = {"k": key, "n": 0}
+        for _ in elements:
+            out["n"] += 1
+            yield out
+
+
+def test_a_process_window_function_that_changes_and_yields_one_dict_emits_every_version():
+    env = _env()
+    rows = [{"k": 0, "t": t} for t in range(3)]
+    window = TumblingEventTimeWindows.of(Duration.of_millis(10))
+    _timed(env, rows).key_by("k").window(window).process(_CountsUp())
+    assert [r["n"] for r in run_in_process(env).records] == [1, 2, 3]
 
 
 class _AppendToBuffer(KeyedProcessFunction):
