@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from rayflow.errors import RecordError
 from rayflow.eventtime.strategy import (
     MAX_WATERMARK,
     attach_timestamps,
@@ -42,7 +43,12 @@ from rayflow.functions import ReduceFunction
 from rayflow.keygroups import key_groups_of_array
 from rayflow.outputs import SideOutput
 from rayflow.plan.partitioners import KeySelector
-from rayflow.runtime.operators import _AGGREGATIONS, OperatorContext, _KeyedOperator
+from rayflow.runtime.operators import (
+    _AGGREGATIONS,
+    OperatorContext,
+    _iterable,
+    _KeyedOperator,
+)
 from rayflow.runtime.record_copy import copy_record
 from rayflow.runtime.records import RETURNS_RECORD, YIELDS_RECORDS
 from rayflow.windowing.assigners import TimeWindow, WindowAssigner
@@ -527,7 +533,12 @@ class _Fired:
         produced = op.function.process(key, ctx, list(acc))
         if produced is None:
             return []
-        return list(produced if copy is None else map(copy, produced))
+        try:
+            return list(produced if copy is None else map(copy, produced))
+        except TypeError as exc:
+            if not _iterable(produced):
+                raise RecordError(op._out.not_iterable(produced)) from exc
+            raise
 
     def _aggregation_batch(self, results: list[tuple[Any, TimeWindow, Any]]) -> pa.RecordBatch:
         op = self.op

@@ -20,7 +20,7 @@ from rayflow import (
     ValueStateDescriptor,
 )
 from rayflow.config import ExecutionConfig
-from rayflow.errors import SchemaChangeError
+from rayflow.errors import RecordError, SchemaChangeError
 from rayflow.eventtime import Duration, WatermarkStrategy
 from rayflow.runtime.record_copy import copy_record, record_copier
 from rayflow.testing import run_in_process
@@ -302,6 +302,21 @@ def test_a_process_window_function_that_changes_and_yields_one_dict_emits_every_
     window = TumblingEventTimeWindows.of(Duration.of_millis(10))
     _timed(env, rows).key_by("k").window(window).process(_CountsUp())
     assert [r["n"] for r in run_in_process(env).records] == [1, 2, 3]
+
+
+class _GivesANumber(ProcessWindowFunction):
+    def process(self, key, context, elements):
+        return len(elements)  # not an iterable of records
+
+
+def test_a_process_window_function_returning_a_non_iterable_is_named():
+    env = _env()
+    window = TumblingEventTimeWindows.of(Duration.of_millis(10))
+    _timed(env, [{"k": 0, "t": 1}]).key_by("k").window(window).process(
+        _GivesANumber(), name="Count"
+    )
+    with pytest.raises(RecordError, match="window 'Count' must yield dicts .*, got int: 1"):
+        run_in_process(env)
 
 
 class _AppendToBuffer(KeyedProcessFunction):
