@@ -24,13 +24,22 @@ import decimal
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 __all__ = ["record_copier", "copy_record"]
 
-#: values a record may hold that no code can change in place
+#: values a record may hold that no code can change in place (numpy's scalars too: a
+#: function computing with numpy returns them)
 _IMMUTABLE = frozenset(
     {
+        *(
+            t
+            for t in set(np.sctypeDict.values())
+            if issubclass(
+                t, (np.number, np.bool_, np.str_, np.bytes_, np.datetime64, np.timedelta64)
+            )
+        ),
         int,
         float,
         bool,
