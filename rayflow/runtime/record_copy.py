@@ -55,28 +55,23 @@ _IMMUTABLE = frozenset(
 )
 
 
-_known = _IMMUTABLE.__contains__
-
-
 def copy_record(record: Any) -> Any:
     """A copy of ``record`` that later changes to ``record`` (or to what it holds) do not
     reach; ``record`` itself when it is not a mapping."""
-    if type(record) is dict:
-        if all(map(_known, map(type, record.values()))):
-            return record.copy()
-    elif isinstance(record, Mapping):
+    if type(record) is not dict:
+        if not isinstance(record, Mapping):
+            return record
         try:
             record = dict(record)
         except Exception:  # noqa: BLE001 - the output names the operator and the record
             return record
-        if all(map(_known, map(type, record.values()))):
-            return record
-    else:
-        return record
-    try:
-        return copy.deepcopy(record)
-    except Exception:  # noqa: BLE001 - not an Arrow value: the output rejects it by name
-        return dict(record)
+    for value in record.values():
+        if type(value) not in _IMMUTABLE:
+            try:
+                return copy.deepcopy(record)
+            except Exception:  # noqa: BLE001 - no Arrow value: the output rejects it by name
+                return dict(record)
+    return record.copy()
 
 
 def _copy_flat(record: Any) -> Any:
