@@ -177,6 +177,14 @@ class _UserFunctionOperator(Operator):
         _call_close(self.function)
 
 
+def _extender(out: list[Any], copy: Callable[[Any], Any] | None) -> Callable[[Any], None]:
+    """``out.extend``, copying each record with ``copy`` (None: object reuse) as it is
+    taken: a generator may change and yield one dict again."""
+    if copy is None:
+        return out.extend
+    return lambda records: out.extend(map(copy, records))
+
+
 def _stopped(what: str, part: str = "function") -> RuntimeError:
     """The error for a user function that raised StopIteration: inside ``map()`` or a
     ``for`` loop it would otherwise end the batch early, dropping the records after it."""
@@ -239,7 +247,7 @@ class FlatMapOperator(_UserFunctionOperator):
         batch, timestamps = split_timestamps(batch)
         out: list[dict[str, Any]] = []
         copy = self._copier()  # a generator may change and yield one dict again
-        extend = out.extend if copy is None else (lambda records: out.extend(map(copy, records)))
+        extend = _extender(out, copy)
         produced = None
         out_ts: list[int] | None = None if timestamps is None else []
         stamps: Any = repeat(None) if timestamps is None else timestamps.to_pylist()
@@ -440,7 +448,7 @@ class KeyedProcessOperator(_KeyedOperator):
         )
         out: list[dict[str, Any]] = []
         copy = self._copier()  # a yielded record may be what the state holds
-        extend = out.extend if copy is None else (lambda records: out.extend(map(copy, records)))
+        extend = _extender(out, copy)
         produced = None
         if timestamps is None:
             out_ts = None
