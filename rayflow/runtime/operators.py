@@ -53,7 +53,7 @@ from rayflow.guarantees import DeliveryGuarantee
 from rayflow.keygroups import key_group_of, key_groups_of_array, key_groups_of_subtask
 from rayflow.plan.partitioners import KeySelector
 from rayflow.runtime.hooks import HookPoint
-from rayflow.runtime.record_copy import record_copier
+from rayflow.runtime.record_copy import copies_shallowly, record_copier, take_records
 from rayflow.runtime.records import (
     RETURNS_RECORD,
     RETURNS_RECORDS,
@@ -179,10 +179,10 @@ class _UserFunctionOperator(Operator):
 
 def _extender(out: list[Any], copy: Callable[[Any], Any] | None) -> Callable[[Any], None]:
     """``out.extend``, copying each record with ``copy`` (None: object reuse) as it is
-    taken: a generator may change and yield one dict again."""
+    taken: a generator may change and yield one dict again (:func:`take_records`)."""
     if copy is None:
         return out.extend
-    return lambda records: out.extend(map(copy, records))
+    return lambda records: out.extend(take_records(records, copy))
 
 
 def _stopped(what: str, part: str = "function") -> RuntimeError:
@@ -223,9 +223,8 @@ class MapOperator(_UserFunctionOperator):
 
     def process(self, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
         batch, timestamps = split_timestamps(batch)
-        mapped_records = map(self._call, iter_columns(batch)[0])
-        copy = self._copier()  # the function may return a dict it keeps and changes
-        mapped = list(mapped_records if copy is None else map(copy, mapped_records))
+        # the function may return a dict it keeps and changes: each is copied as returned
+        mapped = take_records(map(self._call, iter_columns(batch)[0]), self._copier())
         if len(mapped) != batch.num_rows:  # map() ended at a StopIteration the call raised
             raise _stopped(self._out.what)
         out = self._out.build(mapped)
@@ -381,6 +380,7 @@ class KeyedReduceOperator(_KeyedOperator):
         append = out.append
         # the state keeps the value, the output a copy: the next call may change the value
         copy = self._copier()
+        shallow = copies_shallowly(copy)  # a plain dict: dict.copy, called at once
         key = previous = None
         try:
             for key, record in zip(keys, rows):
@@ -392,7 +392,12 @@ class KeyedReduceOperator(_KeyedOperator):
                 previous = table.get(key)
                 value = record if previous is None else call(previous, record)
                 table[key] = value
-                append(value if copy is None else copy(value))
+                if copy is None:
+                    append(value)
+                elif shallow and type(value) is dict:
+                    append(value.copy())
+                else:
+                    append(copy(value))
         except StopIteration as exc:
             raise _stopped(self._out.what) from exc
         except Exception as exc:
@@ -490,7 +495,7 @@ class KeyedProcessOperator(_KeyedOperator):
             if produced is not None:
                 before = len(out)
                 try:
-                    out.extend(produced if copy is None else map(copy, produced))
+                    out.extend(take_records(produced, copy))
                 except TypeError as exc:
                     if not _iterable(produced):
                         raise RecordError(self._out.not_iterable(produced)) from exc

@@ -14,6 +14,13 @@ a dict subclass or another mapping (the output takes any mapping) becomes a plai
 Something that is not a mapping is left alone: it is not a record, and the operator's
 output rejects it by name; so is a value that cannot be copied (a lock, a generator): it
 is no Arrow value either, and the output names the operator, the key and the record.
+
+What a function gives one by one (a map's results, a generator's records) is taken with
+:func:`take_records`, each record copied before the next is asked for. Under CPython a
+dict of an output of number and time columns that nothing but the taking loop holds when
+it is taken is not copied at all: no code can reach it any more to change it (its
+reference count says so), and its values cannot change in place. A dict the function
+keeps (in its state, an attribute, a list it returned) is held elsewhere and is copied.
 """
 
 from __future__ import annotations
@@ -21,13 +28,16 @@ from __future__ import annotations
 import copy
 import datetime
 import decimal
-from collections.abc import Callable, Mapping
+import sys
+import sysconfig
+from collections.abc import Callable, Iterable, Mapping
+from sys import getrefcount
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
-__all__ = ["record_copier", "copy_record"]
+__all__ = ["record_copier", "copy_record", "copies_shallowly", "take_records"]
 
 #: values a record may hold that no code can change in place (numpy's scalars too: a
 #: function computing with numpy returns them)
@@ -115,3 +125,51 @@ def record_copier(schema: pa.Schema | None) -> Callable[[Any], Any]:
     if schema is not None and _is_flat(schema):
         return _copy_flat
     return copy_record
+
+
+def copies_shallowly(copy: Callable[[Any], Any] | None) -> bool:
+    """Whether ``copy`` (from :func:`record_copier`) copies a plain dict as ``dict.copy``
+    does, so a loop may call that at once for a plain dict."""
+    return copy is _copy_flat
+
+
+def take_records(records: Iterable[Any], copy: Callable[[Any], Any] | None) -> list[Any]:
+    """The records ``records`` gives, in a list, each copied with ``copy`` (from
+    :func:`record_copier`; None: object reuse, nothing copied) as it is taken, before the
+    next is asked for, so a function that changes a dict after giving it (a generator
+    updating and yielding one dict again) gives each record as it was. With the shallow
+    copier of a flat schema, a plain dict nothing else holds when it is taken is kept
+    as it is (see the module's docstring)."""
+    if copy is None:
+        return list(records)
+    if copy is _copy_flat and _ALONE is not None:
+        return _take_flat(records)
+    return list(map(copy, records))
+
+
+def _take_flat(records: Iterable[Any]) -> list[Any]:
+    # the same loop as _counts_taken's: a record's count here is _ALONE when only this
+    # loop holds it
+    return [r if type(r) is dict and getrefcount(r) == _ALONE else _copy_flat(r) for r in records]
+
+
+def _counts_taken(records: Iterable[Any]) -> list[int]:
+    return [getrefcount(r) for r in records]
+
+
+def _alone_count() -> int | None:
+    """The reference count :func:`_take_flat` sees of a record only its loop holds; None
+    where counts do not tell that (another interpreter, a free-threaded build, or counts
+    that do not add up as expected), so every record is copied."""
+    if sys.implementation.name != "cpython" or sysconfig.get_config_var("Py_GIL_DISABLED"):
+        return None
+    alone = _counts_taken({} for _ in range(2))
+    kept = {}
+    held = _counts_taken(iter([kept, kept]))  # the list twice, and the name
+    if alone[0] != alone[1] or held != [alone[0] + 3] * 2:
+        return None
+    return alone[0]
+
+
+#: see :func:`_alone_count`
+_ALONE = _alone_count()

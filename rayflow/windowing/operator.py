@@ -49,7 +49,7 @@ from rayflow.runtime.operators import (
     _iterable,
     _KeyedOperator,
 )
-from rayflow.runtime.record_copy import copy_record
+from rayflow.runtime.record_copy import copy_record, take_records
 from rayflow.runtime.records import RETURNS_RECORD, YIELDS_RECORDS
 from rayflow.windowing.assigners import TimeWindow, WindowAssigner
 from rayflow.windowing.functions import AggregateFunction, ProcessWindowFunction
@@ -534,7 +534,7 @@ class _Fired:
         if produced is None:
             return []
         try:
-            return list(produced if copy is None else map(copy, produced))
+            return take_records(produced, copy)
         except TypeError as exc:
             if not _iterable(produced):
                 raise RecordError(op._out.not_iterable(produced)) from exc

@@ -1,0 +1,188 @@
+"""Records taken from user functions: a plain dict of a number/time output that nothing
+else holds is kept, not copied; every dict something else can still reach is copied as it
+is taken, in every batch (the shallow copier is in force from an operator's second batch,
+once its output's schema is known)."""
+
+from __future__ import annotations
+
+import sys
+
+import pyarrow as pa
+import pytest
+
+from rayflow import (
+    FlatMapFunction,
+    KeyedProcessFunction,
+    MapFunction,
+    NumberSequenceSource,
+    StreamExecutionEnvironment,
+    ValueStateDescriptor,
+)
+from rayflow.runtime import record_copy
+from rayflow.runtime.record_copy import copy_record, record_copier, take_records
+from rayflow.testing import run_in_process
+
+FLAT = pa.schema([("k", pa.int64()), ("v", pa.int64())])
+N = 24
+BATCH = 4  # six batches: the copier of the second batch on knows the output's schema
+
+
+def _numbers(env: StreamExecutionEnvironment):
+    return env.from_source(NumberSequenceSource(1, N, batch_size=BATCH), "numbers")
+
+
+def _env() -> StreamExecutionEnvironment:
+    return StreamExecutionEnvironment.get_execution_environment().set_parallelism(1)
+
+
+# --- take_records --------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(sys.implementation.name != "cpython", reason="reference counts of CPython")
+def test_reference_counts_are_read_under_cpython():
+    assert record_copy._ALONE is not None
+
+
+def test_an_unshared_dict_of_a_flat_output_is_kept_not_copied():
+    returned: list[int] = []
+
+    def fresh(i: int) -> dict:
+        record = {"k": i, "v": i}
+        returned.append(id(record))  # an id holds no reference
+        return record
+
+    out = take_records(map(fresh, range(5)), record_copier(FLAT))
+    assert out == [{"k": i, "v": i} for i in range(5)]
+    if record_copy._ALONE is not None:
+        assert [id(r) for r in out] == returned
+
+
+def test_a_dict_held_elsewhere_is_copied_as_it_is_taken():
+    kept = {"k": 0, "v": 0}
+    history: list[dict] = []
+
+    def shared(i: int) -> dict:
+        kept["v"] = i  # the same dict, changed for every call
+        history.append({"k": i, "v": i})
+        return kept if i % 2 else history[-1]
+
+    out = take_records(map(shared, range(6)), record_copier(FLAT))
+    for record in history:
+        record["v"] = -1  # changed after it was taken
+    assert [r["v"] for r in out] == list(range(6))
+    assert all(r is not kept and r not in history for r in out)
+
+
+def test_a_dict_a_suspended_generator_still_holds_is_copied():
+    def generator():
+        for i in range(4):
+            record = {"k": i, "v": i}
+            yield record
+            record["v"] = -1  # changed once the next one is asked for
+
+    assert [r["v"] for r in take_records(generator(), record_copier(FLAT))] == [0, 1, 2, 3]
+
+
+def test_a_dict_subclass_becomes_a_plain_dict():
+    class Row(dict):
+        pass
+
+    out = take_records((Row(k=i, v=i) for i in range(3)), record_copier(FLAT))
+    assert [type(r) for r in out] == [dict] * 3 and out[2] == {"k": 2, "v": 2}
+
+
+def test_without_a_flat_schema_every_record_is_copied_deeply():
+    items = [1]
+    out = take_records(({"k": 0, "items": items} for _ in range(2)), record_copier(None))
+    items.append(2)
+    assert [r["items"] for r in out] == [[1], [1]]
+
+
+def test_with_object_reuse_nothing_is_copied():
+    kept = {"k": 0, "v": 0}
+    assert all(r is kept for r in take_records(iter([kept, kept]), None))
+    assert record_copier(None) is copy_record
+
+
+# --- operators over several batches ----------------------------------------------------------
+
+
+class _KeepsOneRecord(MapFunction):
+    def open(self, runtime_context):
+        self.out = {}
+
+    def map(self, value):
+        self.out["k"] = value["value"] % 3
+        self.out["v"] = value["value"]
+        return self.out
+
+
+def test_a_map_returning_the_dict_it_keeps_emits_every_value_in_every_batch():
+    env = _env()
+    _numbers(env).map(_KeepsOneRecord())
+    assert sorted(r["v"] for r in run_in_process(env).records) == list(range(1, N + 1))
+
+
+class _KeepsEveryRecord(MapFunction):
+    """Keeps what it returned and changes it on the next call."""
+
+    def open(self, runtime_context):
+        self.last = None
+
+    def map(self, value):
+        if self.last is not None:
+            self.last["v"] = -1
+        self.last = {"k": 0, "v": value["value"]}
+        return self.last
+
+
+def test_a_map_changing_what_it_returned_before_emits_the_values_returned():
+    env = _env()
+    _numbers(env).map(_KeepsEveryRecord())
+    assert sorted(r["v"] for r in run_in_process(env).records) == list(range(1, N + 1))
+
+
+class _ChangesAfterYield(FlatMapFunction):
+    def flat_map(self, value):
+        record = {"k": 0, "v": value["value"]}
+        yield record
+        record["v"] = -1
+
+
+def test_a_flat_map_changing_a_yielded_dict_on_resume_emits_the_values_yielded():
+    env = _env()
+    _numbers(env).flat_map(_ChangesAfterYield())
+    assert sorted(r["v"] for r in run_in_process(env).records) == list(range(1, N + 1))
+
+
+def test_a_reduce_adding_into_its_accumulator_emits_every_running_sum_in_every_batch():
+    env = _env()
+    _numbers(env).map(lambda r: {"k": r["value"] % 3, "v": r["value"]}).key_by("k").reduce(
+        lambda a, b: a.update(v=a["v"] + b["v"]) or a
+    )
+    records = run_in_process(env).records
+    for k in range(3):
+        values = [v for v in range(1, N + 1) if v % 3 == k]
+        running = [sum(values[: i + 1]) for i in range(len(values))]
+        assert [r["v"] for r in records if r["k"] == k] == running
+
+
+class _YieldsItsState(KeyedProcessFunction):
+    def open(self, runtime_context):
+        self.state = runtime_context.get_state(ValueStateDescriptor("row"))
+
+    def process_element(self, value, ctx):
+        row = self.state.value() or {"k": value["k"], "n": 0}
+        row["n"] += 1  # changed in place, kept in the state, yielded
+        self.state.update(row)
+        yield row
+
+
+def test_a_process_function_yielding_its_state_emits_every_count_in_every_batch():
+    env = _env()
+    _numbers(env).map(lambda r: {"k": r["value"] % 2, "v": r["value"]}).key_by("k").process(
+        _YieldsItsState()
+    )
+    records = run_in_process(env).records
+    for k in range(2):
+        assert [r["n"] for r in records if r["k"] == k] == list(range(1, N // 2 + 1))
