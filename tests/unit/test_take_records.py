@@ -5,6 +5,7 @@ once its output's schema is known)."""
 
 from __future__ import annotations
 
+import functools
 import sys
 
 import pyarrow as pa
@@ -186,3 +187,128 @@ def test_a_process_function_yielding_its_state_emits_every_count_in_every_batch(
     records = run_in_process(env).records
     for k in range(2):
         assert [r["n"] for r in records if r["k"] == k] == list(range(1, N // 2 + 1))
+
+
+# --- references that do not show at first sight ----------------------------------------------
+
+_GLOBAL_ROW: dict = {}
+
+
+def _closure_holder():
+    last: dict | None = None
+
+    def give(i: int) -> dict:
+        nonlocal last
+        last = {"k": i, "v": i}  # the function's closure cell holds it
+        return last
+
+    return give, lambda: [last]
+
+
+def _default_holder():
+    def give(i: int, _row: dict = {"k": 0, "v": 0}) -> dict:  # noqa: B006 - the point
+        _row["v"] = i
+        return _row
+
+    return give, lambda: [give.__defaults__[0]]
+
+
+def _global_holder():
+    def give(i: int) -> dict:
+        global _GLOBAL_ROW
+        _GLOBAL_ROW = {"k": i, "v": i}
+        return _GLOBAL_ROW
+
+    return give, lambda: [_GLOBAL_ROW]
+
+
+def _nested_holder():
+    rows: dict[int, tuple[dict, int]] = {}
+
+    def give(i: int) -> dict:
+        rows[i] = ({"k": i, "v": i}, i)  # a value inside a tuple inside a dict it keeps
+        return rows[i][0]
+
+    return give, lambda: [row for row, _ in rows.values()]
+
+
+def _cache_holder():
+    @functools.cache
+    def row_of(k: int) -> dict:
+        return {"k": k, "v": k}
+
+    def give(i: int) -> dict:
+        return row_of(i % 2)  # the same dict given again for every other call
+
+    return give, lambda: [row_of(0), row_of(1)]
+
+
+@pytest.mark.parametrize(
+    "holder",
+    [
+        _closure_holder,
+        _default_holder,
+        _global_holder,
+        _nested_holder,
+        _cache_holder,
+    ],
+)
+def test_a_dict_reachable_only_through_a_closure_default_global_value_or_cache_is_copied(
+    holder,
+):
+    give, reach = holder()
+    given: list[dict] = []
+
+    def giving(i: int) -> dict:
+        if i:
+            for row in reach():  # what was given before, changed through what holds it
+                row["v"] = -1
+        record = give(i)
+        record["v"] = i
+        given.append(dict(record))
+        return record
+
+    out = take_records(map(giving, range(6)), record_copier(FLAT))
+    for row in reach():
+        row["v"] = -1  # the last one too, once taken
+    assert [r["v"] for r in out] == list(range(6))
+    assert out == given
+
+
+def test_a_map_whose_records_a_kept_traceback_still_reaches_emits_every_value():
+    class KeepsTracebacks(MapFunction):
+        def open(self, runtime_context):
+            self.caught: list[BaseException] = []
+
+        def map(self, value):
+            if self.caught:  # the record given before, reached through its frame
+                self.caught[-1].__traceback__.tb_frame.f_locals["row"]["v"] = -1
+            row = {"k": 0, "v": value["value"]}
+            try:
+                raise LookupError(row["v"])
+            except LookupError as exc:
+                self.caught.append(exc)
+            return row
+
+    env = _env()
+    _numbers(env).map(KeepsTracebacks())
+    assert sorted(r["v"] for r in run_in_process(env).records) == list(range(1, N + 1))
+
+
+def _reads_locals(frame, event, arg):  # a profiler or debugger that looks at the locals
+    assert isinstance(frame.f_locals, dict)
+    return _reads_locals
+
+
+@pytest.mark.parametrize("hook", ["profile", "trace"])
+def test_a_count_calibrated_while_a_hook_reads_the_locals_is_never_above_the_plain_one(hook):
+    """A hook that reads a frame's locals makes them hold the record too: a count taken
+    under it and used without it would keep a dict that one reference more holds."""
+    plain = record_copy._alone_count()
+    set_hook = sys.setprofile if hook == "profile" else sys.settrace
+    set_hook(_reads_locals)
+    try:
+        hooked = record_copy._alone_count()
+    finally:
+        set_hook(None)
+    assert hooked is None or hooked == plain
