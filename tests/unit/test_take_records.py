@@ -20,7 +20,12 @@ from rayflow import (
     ValueStateDescriptor,
 )
 from rayflow.runtime import record_copy
-from rayflow.runtime.record_copy import copy_record, record_copier, take_records
+from rayflow.runtime.record_copy import (
+    copy_record,
+    record_copier,
+    records_extender,
+    take_records,
+)
 from rayflow.testing import run_in_process
 
 FLAT = pa.schema([("k", pa.int64()), ("v", pa.int64())])
@@ -103,6 +108,28 @@ def test_with_object_reuse_nothing_is_copied():
     kept = {"k": 0, "v": 0}
     assert all(r is kept for r in take_records(iter([kept, kept]), None))
     assert record_copier(None) is copy_record
+
+
+@pytest.mark.parametrize("container", [list, tuple, iter])
+def test_the_extender_copies_what_a_list_or_tuple_holds_and_keeps_a_fresh_yielded_dict(
+    container,
+):
+    kept = {"k": 0, "v": 0}
+    out: list[dict] = []
+    extend = records_extender(out, record_copier(FLAT))
+    for i in range(3):
+        kept["v"] = i
+        extend(container([kept, {"k": 1, "v": i}]))
+    extend({"k": 2, "v": i} for i in range(2))  # nothing else holds these
+    kept["v"] = -1
+    assert [r["v"] for r in out] == [0, 0, 1, 1, 2, 2, 0, 1]
+    assert all(r is not kept for r in out)
+    assert records_extender(out, None) == out.extend  # object reuse: nothing copied
+
+
+def test_the_extender_names_no_record_for_what_is_not_iterable():
+    with pytest.raises(TypeError, match="not iterable"):
+        records_extender([], record_copier(FLAT))(5)
 
 
 # --- operators over several batches ----------------------------------------------------------
@@ -312,3 +339,37 @@ def test_a_count_calibrated_while_a_hook_reads_the_locals_is_never_above_the_pla
     finally:
         set_hook(None)
     assert hooked is None or hooked == plain
+
+
+def _stops_in_the_second_batch(value):
+    if value["value"] == N - 1:
+        raise StopIteration("user code")
+    return {"k": 0, "v": value["value"]}
+
+
+@pytest.mark.parametrize(
+    "operator", ["map", "flat_map (list)", "flat_map (generator)", "process (generator)"]
+)
+def test_stop_iteration_in_a_later_batch_fails_it_naming_the_function(operator):
+    """From the second batch the shallow copier, and so the taking loop, is in force."""
+
+    class Process(KeyedProcessFunction):
+        def process_element(self, value, ctx):
+            yield _stops_in_the_second_batch(value)
+
+    def gen(value):
+        yield _stops_in_the_second_batch(value)
+
+    env = _env()
+    numbers = _numbers(env)
+    if operator == "map":
+        numbers.map(_stops_in_the_second_batch)
+    elif operator == "flat_map (list)":
+        numbers.flat_map(lambda value: [_stops_in_the_second_batch(value)])
+    elif operator == "flat_map (generator)":
+        numbers.flat_map(gen)
+    else:
+        numbers.key_by("value").process(Process())
+    with pytest.raises(Exception, match="StopIteration") as caught:
+        run_in_process(env)
+    assert not isinstance(caught.value, StopIteration)
