@@ -53,7 +53,12 @@ from rayflow.guarantees import DeliveryGuarantee
 from rayflow.keygroups import key_group_of, key_groups_of_array, key_groups_of_subtask
 from rayflow.plan.partitioners import KeySelector
 from rayflow.runtime.hooks import HookPoint
-from rayflow.runtime.record_copy import copies_shallowly, record_copier, take_records
+from rayflow.runtime.record_copy import (
+    copies_shallowly,
+    record_copier,
+    records_extender,
+    take_records,
+)
 from rayflow.runtime.records import (
     RETURNS_RECORD,
     RETURNS_RECORDS,
@@ -177,14 +182,6 @@ class _UserFunctionOperator(Operator):
         _call_close(self.function)
 
 
-def _extender(out: list[Any], copy: Callable[[Any], Any] | None) -> Callable[[Any], None]:
-    """``out.extend``, copying each record with ``copy`` (None: object reuse) as it is
-    taken: a generator may change and yield one dict again (:func:`take_records`)."""
-    if copy is None:
-        return out.extend
-    return lambda records: out.extend(take_records(records, copy))
-
-
 def _stopped(what: str, part: str = "function") -> RuntimeError:
     """The error for a user function that raised StopIteration: inside ``map()`` or a
     ``for`` loop it would otherwise end the batch early, dropping the records after it."""
@@ -246,7 +243,7 @@ class FlatMapOperator(_UserFunctionOperator):
         batch, timestamps = split_timestamps(batch)
         out: list[dict[str, Any]] = []
         copy = self._copier()  # a generator may change and yield one dict again
-        extend = _extender(out, copy)
+        extend = records_extender(out, copy)
         produced = None
         out_ts: list[int] | None = None if timestamps is None else []
         stamps: Any = repeat(None) if timestamps is None else timestamps.to_pylist()
@@ -453,7 +450,7 @@ class KeyedProcessOperator(_KeyedOperator):
         )
         out: list[dict[str, Any]] = []
         copy = self._copier()  # a yielded record may be what the state holds
-        extend = _extender(out, copy)
+        extend = records_extender(out, copy)
         produced = None
         if timestamps is None:
             out_ts = None

@@ -37,7 +37,13 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-__all__ = ["record_copier", "copy_record", "copies_shallowly", "take_records"]
+__all__ = [
+    "record_copier",
+    "copy_record",
+    "copies_shallowly",
+    "take_records",
+    "records_extender",
+]
 
 #: values a record may hold that no code can change in place (numpy's scalars too: a
 #: function computing with numpy returns them)
@@ -142,15 +148,44 @@ def take_records(records: Iterable[Any], copy: Callable[[Any], Any] | None) -> l
     as it is (see the module's docstring)."""
     if copy is None:
         return list(records)
-    if copy is _copy_flat and _ALONE is not None:
+    if copy is _copy_flat and _ALONE is not None and type(records) not in _HOLDERS:
         return _take_flat(records)
     return list(map(copy, records))
 
 
+def records_extender(out: list[Any], copy: Callable[[Any], Any] | None) -> Callable[[Any], None]:
+    """``out.extend``, taking what each call is given as :func:`take_records` does (each
+    record copied with ``copy`` before the next is asked for; None: object reuse). A list
+    or tuple goes into ``out`` as it is copied, with no list of its own first: a function
+    called per record that returns ``[record]`` pays as little as before per call."""
+    extend = out.extend
+    if copy is None:
+        return extend
+    if copy is not _copy_flat or _ALONE is None:
+        return lambda records: extend(map(copy, records))
+
+    def taking(records: Iterable[Any]) -> None:
+        if type(records) in _HOLDERS:
+            extend(map(_copy_flat, records))
+        else:
+            extend(_take_flat(records))
+
+    return taking
+
+
+#: containers that hold every record they give: none of those records is alone, so
+#: each is copied without reading its count
+_HOLDERS = (list, tuple)
+
+
 def _take_flat(records: Iterable[Any]) -> list[Any]:
-    # the same loop as _counts_taken's: a record's count here is _ALONE when only this
-    # loop holds it
-    return [r if type(r) is dict and getrefcount(r) == _ALONE else _copy_flat(r) for r in records]
+    # a record's count is read as in _counts_taken's loop: _ALONE when only this loop
+    # holds it; a plain dict is copied here, not through a call of _copy_flat, so that
+    # records all held elsewhere cost no more than list(map(_copy_flat, records))
+    return [
+        (r if getrefcount(r) == _ALONE else r.copy()) if type(r) is dict else copy_record(r)
+        for r in records
+    ]
 
 
 def _counts_taken(records: Iterable[Any]) -> list[int]:
