@@ -145,12 +145,6 @@ class _KeepsOneRecord(MapFunction):
         return self.out
 
 
-def test_a_map_returning_the_dict_it_keeps_emits_every_value_in_every_batch():
-    env = _env()
-    _numbers(env).map(_KeepsOneRecord())
-    assert sorted(r["v"] for r in run_in_process(env).records) == list(range(1, N + 1))
-
-
 class _KeepsEveryRecord(MapFunction):
     """Keeps what it returned and changes it on the next call."""
 
@@ -164,9 +158,10 @@ class _KeepsEveryRecord(MapFunction):
         return self.last
 
 
-def test_a_map_changing_what_it_returned_before_emits_the_values_returned():
+@pytest.mark.parametrize("function", [_KeepsOneRecord, _KeepsEveryRecord])
+def test_a_map_changing_what_it_returned_emits_the_values_returned_in_every_batch(function):
     env = _env()
-    _numbers(env).map(_KeepsEveryRecord())
+    _numbers(env).map(function())
     assert sorted(r["v"] for r in run_in_process(env).records) == list(range(1, N + 1))
 
 
