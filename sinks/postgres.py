@@ -106,6 +106,10 @@ CLIENT_CHECK_MS = 1000
 #: refuses to run next to that run (a run that has just ended leaves its sessions at the
 #: server for a moment, until the server sees their clients gone)
 LIVE_RUN_WAIT_S = 5.0
+#: how long a session of the run that was there first (its oldest session is older than
+#: every session of the other run) waits for a newer run's sessions to go: the newer run
+#: saw this run's sessions, so it refuses within its own LIVE_RUN_WAIT_S, however slowly
+OLDER_RUN_WAIT_S = 3 * LIVE_RUN_WAIT_S
 #: how long a writer waits for a lock before it fails (``lock_timeout``), unless the sink
 #: says otherwise: a row that repeats a unique key of a transaction this subtask prepared
 #: and has not committed yet waits for that transaction, which only this subtask's mailbox
@@ -138,6 +142,15 @@ def _lock_key(text: str) -> int:
     """A 31-bit advisory lock key for ``text``."""
     digest = hashlib.blake2b(text.encode("utf-8"), digest_size=4).digest()
     return int.from_bytes(digest, "big") & 0x7FFFFFFF
+
+
+def _first_there(sessions: list[tuple[int, str, Any]], run_key: int) -> bool:
+    """Whether the run of ``run_key`` has the oldest of ``sessions`` (``(run key,
+    application name, backend start)`` of every session holding a run lock of one sink):
+    it was there before any other run (a session whose start is not visible counts as
+    the newest)."""
+    starts = [(start is None, start or 0, run) for run, _, start in sessions]
+    return bool(starts) and min(starts)[2] == run_key
 
 
 def _psycopg() -> Any:
@@ -532,31 +545,41 @@ class PostgresSink(_Target, TwoPhaseCommittingSink[_PgTransaction, PostgresCommi
         to ``LIVE_RUN_WAIT_S`` (an ended run's sessions go a moment after its
         processes), then drops its session and raises :class:`PostgresRunConflictError`
         before it touched anything: it never rolls back what a live run prepared. (Between
-        two attempts the job master's session holds it: :meth:`hold_run`.)"""
+        two attempts the job master's session holds it: :meth:`hold_run`.)
+
+        Both runs wait while holding their own lock, so each sees the other for the whole
+        wait: the run that was there first (the oldest session of either run, by the
+        server's clock) waits up to ``OLDER_RUN_WAIT_S`` instead, long enough for the
+        newer run, which saw it and refuses, to be gone. Otherwise a newer run slow to
+        give up would make the first run fail too. Which run goes on is decided only by
+        what each sees while it holds its lock, as before: never both."""
         if context is None or not context.run_id:
             return
         if self.guarantee_in(context) is not DeliveryGuarantee.EXACTLY_ONCE:
             return
         keys = self.run_lock_keys(context)
         psycopg = _psycopg()
-        deadline = time.monotonic() + LIVE_RUN_WAIT_S
+        started = time.monotonic()
         try:
             for setting, value in _KEEPALIVE.items():  # a vanished client's lock goes soon
                 conn.execute(f"SET {setting} = {value}")
             conn.execute("SELECT pg_advisory_lock_shared(%s, %s)", keys)
             while True:
-                others = conn.execute(
-                    "SELECT DISTINCT coalesce(a.application_name, '') FROM pg_locks l "
+                sessions = conn.execute(
+                    "SELECT l.objid::bigint, coalesce(a.application_name, ''), "
+                    "a.backend_start FROM pg_locks l "
                     "LEFT JOIN pg_stat_activity a ON a.pid = l.pid "
                     "WHERE l.locktype = 'advisory' AND l.objsubid = 2 AND l.granted "
                     "AND l.database = (SELECT oid FROM pg_database "
                     "WHERE datname = current_database()) "
-                    "AND l.classid::bigint = %s AND l.objid::bigint <> %s",
-                    keys,
+                    "AND l.classid::bigint = %s",
+                    keys[:1],
                 ).fetchall()
                 if not conn.autocommit:
                     conn.commit()  # the lock is the session's; no transaction stays open
-                if not others or time.monotonic() > deadline:
+                others = sorted({(name,) for run, name, _ in sessions if run != keys[1]})
+                wait_s = OLDER_RUN_WAIT_S if _first_there(sessions, keys[1]) else LIVE_RUN_WAIT_S
+                if not others or time.monotonic() > started + wait_s:
                     break
                 time.sleep(0.2)
         except psycopg.Error as exc:

@@ -322,6 +322,62 @@ def test_a_fresh_run_never_rolls_back_what_a_live_run_of_the_same_name_prepared(
     assert table_rows(db) == [(1, 10)]
 
 
+def _slow_newer_run(db, sink: PostgresSink, hold_s: float) -> None:
+    """A session of a newer run ("run-2-bb") of the job that holds its run's lock for
+    ``hold_s`` seconds, as that run's sessions do while it waits to refuse (slowly, on a
+    loaded machine) after seeing an older run."""
+    import threading
+
+    newer = operator(PostgresSink(db.dsn, "t", delivery_guarantee=EO), run_id="run-2-bb")
+    keys = sink.run_lock_keys(newer.sink_context)
+    session = db.connect()
+    session.execute("SELECT pg_advisory_lock_shared(%s, %s)", keys)
+    session.commit()
+    threading.Timer(hold_s, session.close).start()
+
+
+def test_the_run_that_was_there_first_outwaits_a_newer_run_slow_to_refuse(db, monkeypatch):
+    """Run A restarts (a session of its own holds its lock meanwhile); run B of the same
+    job name starts, sees A and waits to refuse; A's next attempt opens a session while
+    B's is still there. Each waits holding its own lock, so each sees the other for its
+    whole wait: with B slow to give up, A refused too and failed for good ("no restart can
+    fix it"), though it was there first. A, whose session is the oldest, outwaits B."""
+    monkeypatch.setattr(postgres, "LIVE_RUN_WAIT_S", 1.0)
+    monkeypatch.setattr(postgres, "OLDER_RUN_WAIT_S", 8.0, raising=False)
+    sink = PostgresSink(db.dsn, "t", delivery_guarantee=EO)
+    first = operator(sink, run_id="run-1-aa")
+    first.recover(None)  # run A's oldest session, held while A restarts
+    time.sleep(0.05)  # the server's clock tells the sessions apart
+    _slow_newer_run(db, sink, hold_s=3.0)
+    again = operator(PostgresSink(db.dsn, "t", delivery_guarantee=EO), attempt=1, run_id="run-1-aa")
+    started = time.monotonic()
+    again.recover(None)  # refused after LIVE_RUN_WAIT_S before
+    assert time.monotonic() - started > 2.0  # it waited for the newer run's session to go
+    again.process(rows([1]))
+    again.snapshot_state(1)
+    again.notify_checkpoint_complete(1)
+    first.close()
+    again.close()
+    assert table_rows(db) == [(1, 10)]
+
+
+def test_the_run_that_was_there_first_waits_for_a_newer_run_only_so_long(db, monkeypatch):
+    monkeypatch.setattr(postgres, "LIVE_RUN_WAIT_S", 0.5)
+    monkeypatch.setattr(postgres, "OLDER_RUN_WAIT_S", 1.5, raising=False)
+    sink = PostgresSink(db.dsn, "t", delivery_guarantee=EO)
+    first = operator(sink, run_id="run-1-aa")
+    first.recover(None)
+    time.sleep(0.05)
+    _slow_newer_run(db, sink, hold_s=6.0)
+    again = operator(PostgresSink(db.dsn, "t", delivery_guarantee=EO), attempt=1, run_id="run-1-aa")
+    started = time.monotonic()
+    with pytest.raises(postgres.PostgresRunConflictError, match="another run"):
+        again.recover(None)
+    assert 1.4 < time.monotonic() - started < 5.0
+    first.close()
+    again.close()
+
+
 # --- two sessions finishing one prepared transaction --------------------------------------------
 
 
