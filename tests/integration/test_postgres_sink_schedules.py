@@ -378,6 +378,51 @@ def test_the_run_that_was_there_first_waits_for_a_newer_run_only_so_long(db, mon
     again.close()
 
 
+def test_a_newer_run_that_connected_before_the_live_run_took_its_lock_does_not_outwait_it(
+    db, monkeypatch
+):
+    """Run B's writer connects (its backend starts) and stalls, on a loaded machine,
+    before it takes its run's lock; meanwhile run A starts, takes its lock, finds no
+    other run and goes on. B's session then takes its lock and sees A. B's session is
+    the oldest by backend start, though A was there first: B must not count as the run
+    that was there first, outwait A's restart and make A's next attempt refuse and fail
+    for good. A goes on; B refuses."""
+    import threading
+
+    monkeypatch.setattr(postgres, "LIVE_RUN_WAIT_S", 1.0)
+    monkeypatch.setattr(postgres, "OLDER_RUN_WAIT_S", 8.0)
+    sink = PostgresSink(db.dsn, "t", delivery_guarantee=EO)
+    newer = operator(PostgresSink(db.dsn, "t", delivery_guarantee=EO), run_id="run-2-bb")
+    stalled = sink._connect("pg", "rayflow job pg writer run-2-bb", autocommit=False)
+    time.sleep(0.05)  # the server's clock tells the sessions apart
+    first = operator(sink, run_id="run-1-aa")
+    first.recover(None)  # run A goes on: no other run holds a lock yet
+    refused: list[BaseException] = []
+
+    def newer_takes_its_lock() -> None:
+        try:
+            sink._hold_run(stalled, newer.sink_context, "pg")
+        except postgres.PostgresRunConflictError as exc:
+            refused.append(exc)
+
+    thread = threading.Thread(target=newer_takes_its_lock)
+    thread.start()
+    time.sleep(0.3)  # B's session holds its lock and waits
+    again = operator(PostgresSink(db.dsn, "t", delivery_guarantee=EO), attempt=1, run_id="run-1-aa")
+    try:
+        again.recover(None)  # A restarts while B waits: A goes on
+        again.process(rows([1]))
+        again.snapshot_state(1)
+        again.notify_checkpoint_complete(1)
+    finally:
+        thread.join(20.0)
+        first.close()
+        again.close()
+        stalled.close()
+    assert len(refused) == 1 and "run-1-aa" in str(refused[0])
+    assert table_rows(db) == [(1, 10)]
+
+
 # --- two sessions finishing one prepared transaction --------------------------------------------
 
 
