@@ -106,8 +106,8 @@ CLIENT_CHECK_MS = 1000
 #: refuses to run next to that run (a run that has just ended leaves its sessions at the
 #: server for a moment, until the server sees their clients gone)
 LIVE_RUN_WAIT_S = 5.0
-#: how long a session of the run that was there first (its oldest session is older than
-#: every session of the other run) waits for a newer run's sessions to go: the newer run
+#: how long a session of the run that was there first (a session of it found no other run
+#: and went on: :func:`_first_there`) waits for a newer run's sessions to go: the newer run
 #: saw this run's sessions, so it refuses within its own LIVE_RUN_WAIT_S, however slowly
 OLDER_RUN_WAIT_S = 3 * LIVE_RUN_WAIT_S
 #: how long a writer waits for a lock before it fails (``lock_timeout``), unless the sink
@@ -144,13 +144,20 @@ def _lock_key(text: str) -> int:
     return int.from_bytes(digest, "big") & 0x7FFFFFFF
 
 
-def _first_there(sessions: list[tuple[int, str, Any]], run_key: int) -> bool:
-    """Whether the run of ``run_key`` has the oldest of ``sessions`` (``(run key,
-    application name, backend start)`` of every session holding a run lock of one sink):
-    it was there before any other run (a session whose start is not visible counts as
-    the newest)."""
-    starts = [(start is None, start or 0, run) for run, _, start in sessions]
-    return bool(starts) and min(starts)[2] == run_key
+def _went_on_key(keys: tuple[int, int]) -> int:
+    """The advisory lock (one bigint key) a session of a run takes once it found no
+    other run's session and went on: at the server it is the pair of ``keys`` (``classid``
+    the sink, ``objid`` the run) with ``objsubid`` 1, next to the run's lock (2)."""
+    return (keys[0] << 32) | keys[1]
+
+
+def _first_there(sessions: list[tuple[int, int, str]], run_key: int) -> bool:
+    """Whether the run of ``run_key`` was there first: one of its sessions found no other
+    run and went on (``sessions``: ``(run key, lock kind, application name)`` of every
+    lock of one sink's runs; kind 1 is the lock a session takes once it went on, kind 2
+    the run's lock every session takes first). When the sessions connected says nothing:
+    a session can connect, stall, and take its run's lock after another run went on."""
+    return any(run == run_key and kind == 1 for run, kind, _ in sessions)
 
 
 def _psycopg() -> Any:
@@ -548,11 +555,14 @@ class PostgresSink(_Target, TwoPhaseCommittingSink[_PgTransaction, PostgresCommi
         two attempts the job master's session holds it: :meth:`hold_run`.)
 
         Both runs wait while holding their own lock, so each sees the other for the whole
-        wait: the run that was there first (the oldest session of either run, by the
-        server's clock) waits up to ``OLDER_RUN_WAIT_S`` instead, long enough for the
+        wait: the run that was there first (one of its sessions went on before the other
+        run took its lock) waits up to ``OLDER_RUN_WAIT_S`` instead, long enough for the
         newer run, which saw it and refuses, to be gone. Otherwise a newer run slow to
-        give up would make the first run fail too. Which run goes on is decided only by
-        what each sees while it holds its lock, as before: never both."""
+        give up would make the first run fail too. "First" is not the oldest session: a
+        session that found no other run takes a second lock (:func:`_went_on_key`, one
+        bigint key), and a run holding it was there first, whenever its sessions or the
+        other run's connected. Which run goes on is decided only by what each sees while
+        it holds its lock, as before: never both."""
         if context is None or not context.run_id:
             return
         if self.guarantee_in(context) is not DeliveryGuarantee.EXACTLY_ONCE:
@@ -566,10 +576,10 @@ class PostgresSink(_Target, TwoPhaseCommittingSink[_PgTransaction, PostgresCommi
             conn.execute("SELECT pg_advisory_lock_shared(%s, %s)", keys)
             while True:
                 sessions = conn.execute(
-                    "SELECT l.objid::bigint, coalesce(a.application_name, ''), "
-                    "a.backend_start FROM pg_locks l "
+                    "SELECT l.objid::bigint, l.objsubid::int, "
+                    "coalesce(a.application_name, '') FROM pg_locks l "
                     "LEFT JOIN pg_stat_activity a ON a.pid = l.pid "
-                    "WHERE l.locktype = 'advisory' AND l.objsubid = 2 AND l.granted "
+                    "WHERE l.locktype = 'advisory' AND l.objsubid IN (1, 2) AND l.granted "
                     "AND l.database = (SELECT oid FROM pg_database "
                     "WHERE datname = current_database()) "
                     "AND l.classid::bigint = %s",
@@ -577,11 +587,17 @@ class PostgresSink(_Target, TwoPhaseCommittingSink[_PgTransaction, PostgresCommi
                 ).fetchall()
                 if not conn.autocommit:
                     conn.commit()  # the lock is the session's; no transaction stays open
-                others = sorted({(name,) for run, name, _ in sessions if run != keys[1]})
+                others = sorted(
+                    {(name,) for run, kind, name in sessions if kind == 2 and run != keys[1]}
+                )
                 wait_s = OLDER_RUN_WAIT_S if _first_there(sessions, keys[1]) else LIVE_RUN_WAIT_S
                 if not others or time.monotonic() > started + wait_s:
                     break
                 time.sleep(0.2)
+            if not others:  # this run went on: a run that comes now sees it was first
+                conn.execute("SELECT pg_advisory_lock_shared(%s)", (_went_on_key(keys),))
+                if not conn.autocommit:
+                    conn.commit()
         except psycopg.Error as exc:
             conn.close()
             raise PostgresSinkError(
