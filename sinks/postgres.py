@@ -594,8 +594,9 @@ class PostgresSink(_Target, TwoPhaseCommittingSink[_PgTransaction, PostgresCommi
                 if not others or time.monotonic() > started + wait_s:
                     break
                 time.sleep(0.2)
-            if not others:  # this run went on: a run that comes now sees it was first
-                conn.execute("SELECT pg_advisory_lock_shared(%s)", (_went_on_key(keys),))
+            if not others:  # this run went on: a run that comes now sees it was first (only
+                # tried: a foreign lock on the key makes this run wait as a newer one would)
+                conn.execute("SELECT pg_try_advisory_lock_shared(%s)", (_went_on_key(keys),))
                 if not conn.autocommit:
                     conn.commit()
         except psycopg.Error as exc:
