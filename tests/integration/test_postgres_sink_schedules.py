@@ -419,7 +419,7 @@ def test_a_newer_run_that_connected_before_the_live_run_took_its_lock_does_not_o
         first.close()
         again.close()
         stalled.close()
-    assert len(refused) == 1 and "run-1-aa" in str(refused[0])
+    assert len(refused) == 1 and "run run-2-bb refuses" in str(refused[0])
     assert table_rows(db) == [(1, 10)]
 
 
