@@ -149,6 +149,21 @@ class SubtaskDeployment:
     sources_stopped: bool = False
 
 
+async def _acknowledgements_out() -> None:
+    """Let the loop run twice before processing a message taken from the input gate.
+
+    A push returns (and Ray replies to its sender: the acknowledgement that frees the
+    sender's window) only when the loop runs its task to the end and then the task's
+    completion callback. Processing runs on the loop and holds it for the whole message,
+    and the reader is woken before a push that was admitted meanwhile has finished: left
+    to the order of the loop, the acknowledgement of the next message would wait for the
+    processing of this one, and sender and receiver would wait for each other at every
+    message. The first turn runs a push that was admitted, or woken by the room
+    ``next()`` just made; the second its completion, which hands the reply to Ray."""
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+
+
 @dataclass(frozen=True)
 class _Trigger:
     checkpoint_id: int
@@ -1004,6 +1019,8 @@ class SubtaskActor:
                 await self._on_event(replay_channel, item)
         while not self._finished:
             channel, message = await self.gate.next()
+            if isinstance(message, (pa.RecordBatch, Bundle)):
+                await _acknowledgements_out()
             if isinstance(message, pa.RecordBatch):
                 self._count_in(message)
                 await self._process(message)
