@@ -635,18 +635,34 @@ class SubtaskActor:
 
     async def _in_thread(self, fn: Any, *args: Any) -> Any:
         """Run ``fn`` in a worker thread, counted until the thread itself ends (a cancelled
-        coroutine does not stop its thread)."""
-        with self._threads_lock:
+        coroutine does not stop its thread). Cancelled before a worker thread took it up,
+        ``fn`` never runs and is counted no more (else the count would never fall back
+        and the actor could never be reused)."""
+        lock = self._threads_lock
+        with lock:
             self._threads += 1
+        started = dropped = False
 
         def counted() -> Any:
+            nonlocal started
+            with lock:
+                if dropped:
+                    return None  # its caller was cancelled first: nobody waits for it
+                started = True
             try:
                 return fn(*args)
             finally:
-                with self._threads_lock:
+                with lock:
                     self._threads -= 1
 
-        return await asyncio.to_thread(counted)
+        try:
+            return await asyncio.to_thread(counted)
+        except asyncio.CancelledError:
+            with lock:
+                if not started:
+                    dropped = True
+                    self._threads -= 1
+            raise
 
     # --- the mailbox loop ---------------------------------------------------------------
 
