@@ -81,7 +81,9 @@ def test_a_restored_run_whose_master_dies_early_restarts_from_its_own_restore_po
     """Schedule 1, second form: a run started with restore_from=X restarts from X after
     its master dies, not from the newest checkpoint in storage (another run's)."""
     job = unique_job("restore-point")
-    n = 100_000
+    # 10 s of input at the rate below: the run is still reading when it is cancelled
+    # after its second checkpoint, however slow the machine is to take them.
+    n = 1_000_000
     env, sink = build_keyed_sum(n, P, BATCH, rate=50_000, storage=str(tmp_path))
     env.get_checkpoint_config().set_num_retained_checkpoints(10)
     client = env.execute_async(job)

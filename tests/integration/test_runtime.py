@@ -271,20 +271,29 @@ def test_slow_sink_keeps_batches_in_flight_bounded():
         NumberSequenceSource(0, batches * batch_rows - 1, batch_size=batch_rows)
     ).map_batches(lambda b: b, name="relay").sink_to(sink, name="slow")
     client = e.execute_async("backpressure")
-    # Per hop at most `window` pushes in flight plus `capacity` buffered, and one batch in
-    # the hands of each of the two downstream subtasks.
-    bound_rows = 2 * (capacity + window + 1) * batch_rows
+    # Batches between the source's count of records out and the sink's count of records
+    # in, at most: in each output buffer fewer than `window` (it sends at `window`); per
+    # channel `window` pushed and not yet admitted plus `capacity` admitted and not yet
+    # taken; in the relay's hands one message (a bundle of at most `window`); in the
+    # sink's hands the rest of a bundle it is counting item by item (`window` - 1).
+    bound_rows = (6 * window + 2 * capacity - 3) * batch_rows
     gaps = []
     named: set[str] = set()
+
+    def vertices() -> dict:
+        return {m["vertex"]: m for m in client.metrics()}
+
     while client.get_job_status() in ("CREATED", "RUNNING"):
         named |= {n for n in _live_actors_of(client.job_id) if ":v" in n}
-        metrics = {m["vertex"]: m for m in client.metrics()}
-        if len(metrics) == 3:
-            source_out = metrics["Source"]["records_out"]
-            sink_in = metrics["slow"]["records_in"]
+        # The source's count first, the sink's in a later call: the two reads are not one
+        # instant, and this order can only make a gap look smaller, never bigger.
+        first, second = vertices(), vertices()
+        if len(first) == 3 and len(second) == 3:
+            source_out = first["Source"]["records_out"]
+            sink_in = second["slow"]["records_in"]
             gaps.append(source_out - sink_in)
-            assert metrics["relay"]["max_buffered"] <= capacity
-            assert metrics["Source"]["max_in_flight"] <= window
+            assert second["relay"]["max_buffered"] <= capacity
+            assert second["Source"]["max_in_flight"] <= window
         time.sleep(0.05)
     result = client.wait()
     assert len(named) == 3, "every subtask actor is named after its job"
