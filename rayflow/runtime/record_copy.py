@@ -111,14 +111,22 @@ _TAKES_BUFFERS = tuple(
 )
 
 
+def _storage(type_: pa.DataType) -> pa.DataType:
+    """What values of ``type_`` are built as: an extension type's storage type."""
+    while isinstance(type_, pa.BaseExtensionType):
+        type_ = type_.storage_type
+    return type_
+
+
 def _is_flat(schema: pa.Schema) -> bool:
     """Every column takes only values of an immutable Python type (numbers, times; no
-    lists, structs or maps, and no text or binary, which take a bytearray)."""
+    lists, structs or maps, and no text or binary, which take a bytearray). An extension
+    type takes what its storage type takes."""
     return not any(
-        pa.types.is_nested(field.type)
-        or pa.types.is_dictionary(field.type)
-        or any(test(field.type) for test in _TAKES_BUFFERS)
-        for field in schema
+        pa.types.is_nested(type_)
+        or pa.types.is_dictionary(type_)
+        or any(test(type_) for test in _TAKES_BUFFERS)
+        for type_ in map(_storage, schema.types)
     )
 
 
