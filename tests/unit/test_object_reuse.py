@@ -562,3 +562,34 @@ def test_a_declared_extension_column_takes_values_of_its_storage_type(column, va
         lambda r: {"k": r["i"], "c": values[r["i"]]}, output_type=output_type
     )
     assert [r["c"] for r in run_in_process(env).records] == values
+
+
+class _AppendsToAList(KeyedProcessFunction):
+    """Keeps a list per key in state, appends to it and yields it."""
+
+    def open(self, runtime_context):
+        self.items = runtime_context.get_state(ValueStateDescriptor("items"))
+
+    def process_element(self, value, ctx):
+        items = self.items.value()
+        if items is None:
+            items = []
+            self.items.update(items)
+        items.append(value["i"])
+        yield {"k": value["k"], "items": items}
+
+
+def test_a_list_in_a_declared_extension_column_over_a_list_is_copied():
+    """The copier goes by an extension type's storage: over a list it takes a list."""
+    env = _env()
+    rows = [{"k": 0, "i": i} for i in range(4)]
+    output_type = pa.schema([("k", pa.int64()), ("items", _Tagged(pa.list_(pa.int64())))])
+    env.from_source(CollectionSource(rows, batch_size=2)).key_by("k").process(
+        _AppendsToAList(), output_type=output_type
+    )
+    assert [r["items"] for r in run_in_process(env).records] == [
+        [0],
+        [0, 1],
+        [0, 1, 2],
+        [0, 1, 2, 3],
+    ]
