@@ -13,7 +13,9 @@ one holding a list, dict, bytearray or other mutable value is copied deeply. A r
 a dict subclass or another mapping (the output takes any mapping) becomes a plain dict.
 Something that is not a mapping is left alone: it is not a record, and the operator's
 output rejects it by name; so is a value that cannot be copied (a lock, a generator): it
-is no Arrow value either, and the output names the operator, the key and the record.
+is no Arrow value either, and the output names the operator, the key and the record. A
+memoryview, which ``copy.deepcopy`` cannot copy either but Arrow takes as text or binary,
+is copied as the bytes it shows.
 
 What a function gives one by one (a map's results, a generator's records) is taken with
 :func:`take_records`, each record copied before the next is asked for. Under CPython a
@@ -85,9 +87,44 @@ def copy_record(record: Any) -> Any:
         if type(value) not in _IMMUTABLE:
             try:
                 return copy.deepcopy(record)
-            except Exception:  # noqa: BLE001 - no Arrow value: the output rejects it by name
-                return dict(record)
+            except Exception:  # noqa: BLE001 - a memoryview, or no Arrow value
+                return _copy_with_views(record)
     return record.copy()
+
+
+def _copy_with_views(record: dict[Any, Any]) -> dict[Any, Any]:
+    """A deep copy of ``record``, whose values ``copy.deepcopy`` could not copy: each
+    memoryview it holds (which Arrow takes into a text or binary column, as it does a
+    bytearray) becomes the bytes it shows now. Where something else still cannot be copied
+    (a lock, a generator: no Arrow value) a plain dict of ``record``: the output rejects it
+    by name."""
+    memo: dict[int, Any] = {}
+    _views_as_bytes(record, memo, set())
+    try:
+        return copy.deepcopy(record, memo)
+    except Exception:  # noqa: BLE001 - no Arrow value: the output rejects it by name
+        return dict(record)
+
+
+def _views_as_bytes(value: Any, memo: dict[int, Any], seen: set[int]) -> None:
+    """Enters in ``memo`` (``copy.deepcopy``'s) the bytes of each memoryview that ``value``
+    is or holds in lists, tuples, sets and mappings, so that the deep copy takes them."""
+    if type(value) is memoryview:
+        try:
+            memo[id(value)] = value.tobytes()
+        except ValueError:  # released: no Arrow value
+            pass
+        return
+    if id(value) in seen:
+        return
+    if isinstance(value, Mapping):
+        seen.add(id(value))
+        for item in value.values():
+            _views_as_bytes(item, memo, seen)
+    elif isinstance(value, (list, tuple, set, frozenset)):
+        seen.add(id(value))
+        for item in value:
+            _views_as_bytes(item, memo, seen)
 
 
 def _copy_flat(record: Any) -> Any:
@@ -120,11 +157,13 @@ def _storage(type_: pa.DataType) -> pa.DataType:
 
 def _is_flat(schema: pa.Schema) -> bool:
     """Every column takes only values of an immutable Python type (numbers, times; no
-    lists, structs or maps, and no text or binary, which take a bytearray). An extension
-    type takes what its storage type takes."""
+    lists, structs or maps, no text or binary, which take a bytearray, and no intervals,
+    which take a dateutil ``relativedelta``, whose fields can be set). An extension type
+    takes what its storage type takes."""
     return not any(
         pa.types.is_nested(type_)
         or pa.types.is_dictionary(type_)
+        or pa.types.is_interval(type_)
         or any(test(type_) for test in _TAKES_BUFFERS)
         for type_ in map(_storage, schema.types)
     )

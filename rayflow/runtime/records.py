@@ -233,14 +233,27 @@ class OutputRecords:
                 continue
             column = batch.column(index)
             if column.type != field.type:
-                if not _widens(column.type, field.type):
-                    raise self._type_change(field, column.type, rows)
-                try:
-                    column = column.cast(field.type, safe=True)
-                except pa.ArrowException:
-                    raise self._type_change(field, column.type, rows) from None
+                column = self._converted(column, field, rows)
             columns.append(column)
         return pa.RecordBatch.from_arrays(columns, schema=schema)
+
+    def _converted(self, column: pa.Array, field: pa.Field, rows: list[Any]) -> pa.Array:
+        """``column`` as ``field``'s type, cast safely where :func:`_widens` allows it. An
+        extension type's values are inferred as what its storage type takes (a user's
+        type over binary gets bytes): they are cast to the storage type and wrapped."""
+        target = field.type
+        extension = isinstance(target, pa.BaseExtensionType) and not isinstance(
+            column.type, pa.BaseExtensionType
+        )
+        to = target.storage_type if extension else target
+        if column.type != to:
+            if not _widens(column.type, to):
+                raise self._type_change(field, column.type, rows)
+            try:
+                column = column.cast(to, safe=True)
+            except pa.ArrowException:
+                raise self._type_change(field, column.type, rows) from None
+        return pa.ExtensionArray.from_storage(target, column) if extension else column
 
     # --- what went wrong, in words --------------------------------------------------------
 

@@ -444,3 +444,152 @@ def test_numpy_scalars_are_copied_shallowly(monkeypatch):
         copied = copier(record)
         assert copied == record and copied is not record
     assert deep_copies == []
+
+
+# --- values Arrow takes that can change in place ---------------------------------------------
+
+
+def test_the_copier_of_an_interval_column_copies_a_relativedelta():
+    """Arrow takes dateutil's relativedelta (botocore's dependency) into a
+    month_day_nano_interval column, and its fields can be set: a column of that type
+    does not take only immutable values."""
+    from dateutil.relativedelta import relativedelta
+
+    schema = pa.schema([("k", pa.int64()), ("period", pa.month_day_nano_interval())])
+    period = relativedelta(months=1)
+    copied = record_copier(schema)({"k": 1, "period": period})
+    period.months = 7
+    assert pa.array([copied["period"]]).to_pylist() == [pa.MonthDayNano([1, 0, 0])]
+
+
+class _LengthensAPeriod(KeyedProcessFunction):
+    """Keeps a relativedelta per key in state, lengthens it by a month and yields it."""
+
+    def open(self, runtime_context):
+        self.period = runtime_context.get_state(ValueStateDescriptor("period"))
+
+    def process_element(self, value, ctx):
+        from dateutil.relativedelta import relativedelta
+
+        period = self.period.value()
+        if period is None:
+            period = relativedelta()
+            self.period.update(period)
+        period.months += 1
+        yield {"k": value["k"], "period": period}
+
+
+@pytest.mark.parametrize("declared", [False, True])
+def test_a_relativedelta_is_copied_in_every_batch_not_only_the_first(declared):
+    """From the second batch on (or from the first, with a declared output_type) the
+    output's schema is known: an interval column still takes a value that can change."""
+    env = _env()
+    rows = [{"k": 0, "i": i} for i in range(6)]
+    output_type = (
+        pa.schema([("k", pa.int64()), ("period", pa.month_day_nano_interval())])
+        if declared
+        else None
+    )
+    env.from_source(CollectionSource(rows, batch_size=3)).key_by("k").process(
+        _LengthensAPeriod(), output_type=output_type
+    )
+    assert [r["period"].months for r in run_in_process(env).records] == [1, 2, 3, 4, 5, 6]
+
+
+def test_a_memoryview_and_what_else_its_record_holds_are_copied():
+    """Arrow takes a memoryview into a text or binary column, but ``copy.deepcopy``
+    cannot copy one: the record must not fall back to a shallow copy, which keeps the
+    view (of a bytearray that can change) and every other mutable value it holds."""
+    buffer = bytearray(b"x")
+    items = [1]
+    record = {"k": 1, "b": memoryview(buffer), "items": items}
+    schema = pa.schema([("k", pa.int64()), ("b", pa.binary()), ("items", pa.list_(pa.int64()))])
+    for copier in (copy_record, record_copier(schema)):
+        copied = copier(record)
+        buffer[0] = ord("y")
+        items.append(2)
+        assert pa.RecordBatch.from_pylist([copied], schema=schema).to_pylist() == [
+            {"k": 1, "b": b"x", "items": [1]}
+        ]
+        buffer[0] = ord("x")
+        items[:] = [1]
+
+
+class _ViewsACounter(KeyedProcessFunction):
+    """Keeps a one-byte bytearray per key in state, counts up in it and yields a
+    memoryview of it."""
+
+    def open(self, runtime_context):
+        self.counter = runtime_context.get_state(ValueStateDescriptor("counter"))
+
+    def process_element(self, value, ctx):
+        counter = self.counter.value()
+        if counter is None:
+            counter = bytearray(b"`")
+            self.counter.update(counter)
+        counter[0] += 1
+        yield {"k": value["k"], "counter": memoryview(counter)}
+
+
+def test_a_memoryview_of_a_state_value_emits_every_count():
+    env = _env()
+    rows = [{"k": 0, "i": i} for i in range(6)]
+    env.from_source(CollectionSource(rows, batch_size=3)).key_by("k").process(_ViewsACounter())
+    assert [r["counter"] for r in run_in_process(env).records] == [
+        b"a",
+        b"b",
+        b"c",
+        b"d",
+        b"e",
+        b"f",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("column", "values"),
+    [
+        (_Tagged(pa.binary()), [b"a", b"b"]),
+        (_Tagged(pa.list_(pa.int64())), [[1], [1, 2]]),
+        (pa.json_(), ['{"n": 1}', '{"n": 2}']),
+    ],
+)
+def test_a_declared_extension_column_takes_values_of_its_storage_type(column, values):
+    """What an extension column takes is what its storage type takes (the copier goes by
+    it too): a map emitting such values into a declared extension column is not rejected."""
+    env = _env()
+    output_type = pa.schema([("k", pa.int64()), ("c", column)])
+    env.from_collection([{"i": i} for i in range(len(values))]).map(
+        lambda r: {"k": r["i"], "c": values[r["i"]]}, output_type=output_type
+    )
+    assert [r["c"] for r in run_in_process(env).records] == values
+
+
+class _AppendsToAList(KeyedProcessFunction):
+    """Keeps a list per key in state, appends to it and yields it."""
+
+    def open(self, runtime_context):
+        self.items = runtime_context.get_state(ValueStateDescriptor("items"))
+
+    def process_element(self, value, ctx):
+        items = self.items.value()
+        if items is None:
+            items = []
+            self.items.update(items)
+        items.append(value["i"])
+        yield {"k": value["k"], "items": items}
+
+
+def test_a_list_in_a_declared_extension_column_over_a_list_is_copied():
+    """The copier goes by an extension type's storage: over a list it takes a list."""
+    env = _env()
+    rows = [{"k": 0, "i": i} for i in range(4)]
+    output_type = pa.schema([("k", pa.int64()), ("items", _Tagged(pa.list_(pa.int64())))])
+    env.from_source(CollectionSource(rows, batch_size=2)).key_by("k").process(
+        _AppendsToAList(), output_type=output_type
+    )
+    assert [r["items"] for r in run_in_process(env).records] == [
+        [0],
+        [0, 1],
+        [0, 1, 2],
+        [0, 1, 2, 3],
+    ]
