@@ -32,6 +32,7 @@ import datetime
 import decimal
 import sys
 import sysconfig
+import uuid
 from collections.abc import Callable, Iterable, Mapping
 from sys import getrefcount
 from typing import Any
@@ -69,6 +70,7 @@ _IMMUTABLE = frozenset(
         datetime.date,
         datetime.time,
         datetime.timedelta,
+        uuid.UUID,  # its attributes cannot be set
     }
 )
 

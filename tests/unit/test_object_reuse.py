@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime
 import decimal
 import threading
+import uuid
 
 import numpy as np
 import pyarrow as pa
@@ -593,3 +594,15 @@ def test_a_list_in_a_declared_extension_column_over_a_list_is_copied():
         [0, 1, 2],
         [0, 1, 2, 3],
     ]
+
+
+def test_a_uuid_is_copied_shallowly(monkeypatch):
+    """A ``uuid.UUID`` (Arrow's uuid type) cannot change: no deep copy for it."""
+    deep_copies = []
+    monkeypatch.setattr(record_copy.copy, "deepcopy", deep_copies.append)
+    record = {"id": uuid.uuid4(), "n": 1}
+    with pytest.raises(TypeError, match="immutable"):
+        record["id"].int = 0  # what makes it safe to share
+    copied = copy_record(record)
+    assert copied == record and copied is not record
+    assert deep_copies == []
