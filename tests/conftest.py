@@ -15,6 +15,42 @@ from tests.pg_server import postgres, postgres_db  # noqa: F401 - fixtures
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 
 
+@pytest.fixture(autouse=True)
+def _no_job_outlives_its_test(monkeypatch):
+    """A job the test started and left running (it failed or timed out before it ended
+    the job) is cancelled when the test ends: owned by this worker process, it would
+    otherwise run on, and restart on, through every later test of the worker."""
+    from rayflow.environment import JobClient
+
+    started: dict[int, JobClient] = {}
+    start_master = JobClient._start_master
+
+    def recording(client: JobClient) -> None:
+        started[id(client)] = client
+        start_master(client)
+
+    monkeypatch.setattr(JobClient, "_start_master", recording)
+    yield
+    for client in started.values():
+        _end(client)
+
+
+def _end(client) -> None:
+    """Cancel ``client``'s job unless it has ended; its job master is killed when the
+    cancel does not end it."""
+    import ray
+
+    try:
+        if client.get_job_status(timeout=10).is_terminal:
+            return
+        client.cancel(timeout=60)
+    except Exception:  # noqa: BLE001 - cancelled or not, nothing of it may run on
+        try:
+            ray.kill(client._master)
+        except Exception:  # noqa: BLE001 - gone already
+            pass
+
+
 @pytest.fixture(scope="session")
 def ray_session():
     import ray

@@ -219,10 +219,15 @@ def test_a_stop_with_savepoint_that_fails_lets_the_job_go_on(tmp_path):
     finish the job, and a second stop is exactly once."""
     env = build(tmp_path, 1)
     env.enable_checkpointing(600_000)  # only savepoints take checkpoints
-    env.get_checkpoint_config().set_checkpoint_timeout(1000)
+    # A savepoint times out after 4 s (the second one has that long on a loaded machine);
+    # the first one's stalled subtask sleeps past it.
+    env.get_checkpoint_config().set_checkpoint_timeout(4000)
+    stall_s = 8.0
     inject_faults(
         env,
-        FaultPlan([Fault(FaultPoint.AFTER_SNAPSHOT, vertex="Sum", action="sleep", seconds=2.5)]),
+        FaultPlan(
+            [Fault(FaultPoint.AFTER_SNAPSHOT, vertex="Sum", action="sleep", seconds=stall_s)]
+        ),
     )
     client = env.execute_async(f"stop-fails-{time.time_ns()}")
 
@@ -242,7 +247,7 @@ def test_a_stop_with_savepoint_that_fails_lets_the_job_go_on(tmp_path):
     assert generated() >= before + 200, "the sources did not read again"
     statuses = [c["status"] for c in client.checkpoints()]
     assert statuses == ["FAILED"]
-    time.sleep(2.5)  # the stalled subtask wakes up
+    time.sleep(stall_s)  # the stalled subtask wakes up
     path = client.stop_with_savepoint(str(tmp_path / "sp"))
     assert client.get_job_status() is JobState.FINISHED
     assert os.path.exists(os.path.join(path, "_metadata"))
