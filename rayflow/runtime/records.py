@@ -34,6 +34,7 @@ from operator import itemgetter
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from rayflow.errors import RecordError, SchemaChangeError
 
@@ -240,18 +241,28 @@ class OutputRecords:
     def _converted(self, column: pa.Array, field: pa.Field, rows: list[Any]) -> pa.Array:
         """``column`` as ``field``'s type, cast safely where :func:`_widens` allows it. An
         extension type's values are inferred as what its storage type takes (a user's
-        type over binary gets bytes): they are cast to the storage type and wrapped."""
+        type over binary gets bytes): they are cast to the storage type and wrapped. Plain
+        values for a dictionary-encoded or run-end-encoded column are cast to its value
+        type and encoded."""
         target = field.type
         extension = isinstance(target, pa.BaseExtensionType) and not isinstance(
             column.type, pa.BaseExtensionType
         )
         to = target.storage_type if extension else target
+        encoding = None
+        if _is_encoded(to) and not _is_encoded(column.type):
+            encoding, to = to, to.value_type
         if column.type != to:
             if not _widens(column.type, to):
                 raise self._type_change(field, column.type, rows)
             try:
                 column = column.cast(to, safe=True)
             except pa.ArrowException:
+                raise self._type_change(field, column.type, rows) from None
+        if encoding is not None:
+            try:
+                column = _encoded(column, encoding)
+            except pa.ArrowException:  # more distinct values than the index type holds
                 raise self._type_change(field, column.type, rows) from None
         return pa.ExtensionArray.from_storage(target, column) if extension else column
 
@@ -359,12 +370,35 @@ def _is_list(t: pa.DataType) -> bool:
     return pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
 
 
+#: text types, and binary types: values may be cast within one group (the view types are
+#: in pyarrow 16 and later)
+_TEXT_KINDS = tuple(
+    tuple(getattr(pa.types, test) for test in tests if hasattr(pa.types, test))
+    for tests in (
+        ("is_string", "is_large_string", "is_string_view"),
+        ("is_binary", "is_large_binary", "is_binary_view"),
+    )
+)
+
+
+def _is_encoded(t: pa.DataType) -> bool:
+    return pa.types.is_dictionary(t) or pa.types.is_run_end_encoded(t)
+
+
+def _encoded(column: pa.Array, encoding: pa.DataType) -> pa.Array:
+    """``column`` (of ``encoding``'s value type) dictionary- or run-end-encoded as
+    ``encoding``; raises an ArrowException when its indices or run ends overflow."""
+    if pa.types.is_dictionary(encoding):
+        return column.dictionary_encode().cast(encoding, safe=True)
+    return pc.run_end_encode(column, run_end_type=encoding.run_end_type)
+
+
 def _widens(source: pa.DataType, target: pa.DataType) -> bool:
     """True when values of ``source`` may be cast to ``target`` (a safe cast then checks
     each value): from null to anything, between integers, from integers to floats,
-    between floats, between decimals, between string types, and so within lists, maps and
-    structs, whose fields holding values must all be in ``target`` (Arrow's cast would drop
-    them)."""
+    between floats, between decimals, between text types, between binary types, and so
+    within lists, maps and structs, whose fields holding values must all be in ``target``
+    (Arrow's cast would drop them)."""
     if source == target or pa.types.is_null(source):
         return True
     if pa.types.is_integer(source):
@@ -373,9 +407,9 @@ def _widens(source: pa.DataType, target: pa.DataType) -> bool:
         return pa.types.is_floating(target)
     if pa.types.is_decimal(source):  # inferred per batch with the digits it needs
         return pa.types.is_decimal(target)
-    strings = (pa.types.is_string, pa.types.is_large_string)
-    if any(f(source) for f in strings):
-        return any(f(target) for f in strings)
+    for kinds in _TEXT_KINDS:
+        if any(f(source) for f in kinds):
+            return any(f(target) for f in kinds)
     if pa.types.is_struct(source) and pa.types.is_struct(target):
         fields = {target.field(i).name: target.field(i).type for i in range(target.num_fields)}
         for i in range(source.num_fields):

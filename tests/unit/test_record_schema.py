@@ -272,3 +272,31 @@ def test_a_float_in_a_later_batch_of_an_int_column_is_never_truncated():
     out.build([{"v": 1.5}])
     (batch,) = out.build([{"v": 2}, {"v": 3}])  # ints into a float column
     assert batch.column("v").to_pylist() == [2.0, 3.0]
+
+
+@pytest.mark.parametrize(
+    "column, values",
+    [
+        (pa.dictionary(pa.int8(), pa.string()), ["a", "b", "a", None]),
+        (pa.dictionary(pa.int32(), pa.int64()), [7, 7, 8, None]),
+        (pa.dictionary(pa.int16(), pa.float64()), [1, 2.5, 1, None]),  # ints widen first
+        (pa.string_view(), ["a", "bc", None, ""]),
+        (pa.binary_view(), [b"a", b"", None, b"c"]),
+        (pa.large_binary(), [b"a", b"", None, b"c"]),
+        (pa.run_end_encoded(pa.int32(), pa.int64()), [1, 1, 2, None]),
+    ],
+)
+def test_a_declared_encoded_or_view_column_takes_plain_values(column, values):
+    """A column declared dictionary-encoded, run-end encoded or as a view type takes the
+    plain values of its value type: they are encoded, not refused as a type change."""
+    out = OutputRecords("map 'M'", pa.schema([("c", column)]))
+    for _ in range(2):  # the first batch and a later one
+        [batch] = out.build([{"c": v} for v in values])
+        assert batch.schema.field("c").type == column
+        assert batch.column(0).to_pylist() == values
+
+
+def test_a_dictionary_whose_indices_overflow_names_the_column():
+    out = OutputRecords("map 'M'", pa.schema([("c", pa.dictionary(pa.int8(), pa.int64()))]))
+    with pytest.raises(SchemaChangeError, match="map 'M'.*'c'"):
+        out.build([{"c": v} for v in range(300)])
