@@ -40,6 +40,8 @@ def _end(client) -> None:
     cancel does not end it."""
     import ray
 
+    if not ray.is_initialized():
+        return  # its Ray was shut down, and the job with it (ray.kill would start one)
     try:
         if client.get_job_status(timeout=10).is_terminal:
             return
