@@ -34,7 +34,6 @@ from operator import itemgetter
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from rayflow.errors import RecordError, SchemaChangeError
 
@@ -242,15 +241,14 @@ class OutputRecords:
         """``column`` as ``field``'s type, cast safely where :func:`_widens` allows it. An
         extension type's values are inferred as what its storage type takes (a user's
         type over binary gets bytes): they are cast to the storage type and wrapped. Plain
-        values for a dictionary-encoded or run-end-encoded column are cast to its value
-        type and encoded."""
+        values for a dictionary-encoded column are cast to its value type and encoded."""
         target = field.type
         extension = isinstance(target, pa.BaseExtensionType) and not isinstance(
             column.type, pa.BaseExtensionType
         )
         to = target.storage_type if extension else target
         encoding = None
-        if _is_encoded(to) and not _is_encoded(column.type):
+        if pa.types.is_dictionary(to) and not pa.types.is_dictionary(column.type):
             encoding, to = to, to.value_type
         if column.type != to:
             if not _widens(column.type, to):
@@ -261,9 +259,9 @@ class OutputRecords:
                 raise self._type_change(field, column.type, rows) from None
         if encoding is not None:
             try:
-                column = _encoded(column, encoding)
+                column = column.dictionary_encode().cast(encoding, safe=True)
             except pa.ArrowException:  # more distinct values than the index type holds
-                raise self._type_change(field, column.type, rows) from None
+                raise self._too_many_values(field, encoding, column, rows) from None
         return pa.ExtensionArray.from_storage(target, column) if extension else column
 
     # --- what went wrong, in words --------------------------------------------------------
@@ -321,6 +319,19 @@ class OutputRecords:
             "convert the value in the function, or declare the wider type with output_type"
         )
 
+    def _too_many_values(
+        self, field: pa.Field, encoding: pa.DataType, column: pa.Array, rows: list[Any]
+    ) -> SchemaChangeError:
+        name = field.name
+        record = next((r for r in rows if r.get(name) is not None), rows[0])
+        count = len(column.drop_null().unique())
+        return SchemaChangeError(
+            f"{self.what}: key {name!r} is {field.type} in {self._before()}, but the records "
+            f"of one batch hold {count} distinct values of it, more than {encoding.index_type} "
+            f"indices count, e.g. {sample(record)}. Declare a wider index type with "
+            f"output_type: pa.dictionary(pa.int32(), {encoding.value_type})"
+        )
+
     def _unconvertible(self, name: str, rows: list[Any], exc: BaseException) -> SchemaChangeError:
         first: dict[type, Any] = {}
         for row in rows:
@@ -370,27 +381,12 @@ def _is_list(t: pa.DataType) -> bool:
     return pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
 
 
-#: text types, and binary types: values may be cast within one group (the view types are
-#: in pyarrow 16 and later)
-_TEXT_KINDS = tuple(
-    tuple(getattr(pa.types, test) for test in tests if hasattr(pa.types, test))
-    for tests in (
-        ("is_string", "is_large_string", "is_string_view"),
-        ("is_binary", "is_large_binary", "is_binary_view"),
-    )
+#: text types, and binary types: values may be cast within one group (not to the view
+#: types: Arrow has no take or filter for them, which a shuffle and a filter use)
+_TEXT_KINDS = (
+    (pa.types.is_string, pa.types.is_large_string),
+    (pa.types.is_binary, pa.types.is_large_binary),
 )
-
-
-def _is_encoded(t: pa.DataType) -> bool:
-    return pa.types.is_dictionary(t) or pa.types.is_run_end_encoded(t)
-
-
-def _encoded(column: pa.Array, encoding: pa.DataType) -> pa.Array:
-    """``column`` (of ``encoding``'s value type) dictionary- or run-end-encoded as
-    ``encoding``; raises an ArrowException when its indices or run ends overflow."""
-    if pa.types.is_dictionary(encoding):
-        return column.dictionary_encode().cast(encoding, safe=True)
-    return pc.run_end_encode(column, run_end_type=encoding.run_end_type)
 
 
 def _widens(source: pa.DataType, target: pa.DataType) -> bool:
