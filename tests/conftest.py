@@ -6,6 +6,7 @@ fresh topic on it per test (``kafka_topic``), from tests/kafka_broker.py."""
 from __future__ import annotations
 
 import os
+import warnings
 
 import pytest
 
@@ -45,6 +46,7 @@ def _end(client) -> None:
     try:
         if client.get_job_status(timeout=10).is_terminal:
             return
+        warnings.warn(f"the test left job {client.job_name!r} running: cancelled", stacklevel=1)
         client.cancel(timeout=60)
     except Exception:  # noqa: BLE001 - cancelled or not, nothing of it may run on
         try:
