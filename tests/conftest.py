@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import warnings
+import weakref
 
 import pytest
 
@@ -23,16 +24,18 @@ def _no_job_outlives_its_test(monkeypatch):
     otherwise run on, and restart on, through every later test of the worker."""
     from rayflow.environment import JobClient
 
-    started: dict[int, JobClient] = {}
+    # Held weakly: a client holds its job's graph and sinks, which a test may wait to see
+    # collected. The client of a test that failed is held by its traceback until here.
+    clients: weakref.WeakValueDictionary[int, JobClient] = weakref.WeakValueDictionary()
     start_master = JobClient._start_master
 
     def recording(client: JobClient) -> None:
-        started[id(client)] = client
+        clients[id(client)] = client
         start_master(client)
 
     monkeypatch.setattr(JobClient, "_start_master", recording)
     yield
-    for client in started.values():
+    for client in list(clients.values()):
         _end(client)
 
 
