@@ -215,10 +215,16 @@ class JobMetrics:
     def __init__(self, job: str, enabled: bool = True) -> None:
         self.tags = {"job": job}
         self.enabled = enabled
+        #: the restarts so far, set again with each checkpoint (None: none reported yet)
+        self._restarts: int | None = None
 
     @_safely
     def checkpoint(self, stats: dict[str, Any]) -> None:
-        """A checkpoint ended (its statistics, as ``JobClient.checkpoints`` lists them)."""
+        """A checkpoint ended (its statistics, as ``JobClient.checkpoints`` lists them).
+        The restarts gauge is set again too: set only when an attempt starts, it would be
+        lost with that one export (a node's metrics agent may still be starting then)."""
+        if self._restarts is not None:
+            _metric("rayflow_restarts").set(self._restarts, tags=self.tags)
         status = getattr(stats["status"], "value", str(stats["status"]))
         _metric("rayflow_checkpoints").inc(1, tags={**self.tags, "status": status})
         if status == "COMPLETED":
@@ -229,4 +235,5 @@ class JobMetrics:
 
     @_safely
     def restarts(self, count: int) -> None:
+        self._restarts = count
         _metric("rayflow_restarts").set(count, tags=self.tags)

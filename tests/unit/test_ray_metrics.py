@@ -113,3 +113,14 @@ def test_every_metric_has_the_job_tag_and_a_description():
     assert len({spec.name for spec in METRICS}) == len(METRICS)
     for spec in METRICS:
         assert spec.name.startswith("rayflow_") and spec.tags[0] == "job" and spec.description
+
+
+def test_the_restarts_gauge_is_set_again_with_each_checkpoint(calls):
+    """A gauge set once, when the attempt starts, is lost if that first export is (the
+    metrics agent still starting on a loaded node): each checkpoint sets it again."""
+    metrics = JobMetrics("job")
+    metrics.restarts(1)
+    metrics.checkpoint({"status": "COMPLETED", "duration_s": 0.1, "size": 10})
+    metrics.checkpoint({"status": "FAILED", "duration_s": 0.1, "size": 0})
+    restarts = [c for c in calls if c[0] == "rayflow_restarts"]
+    assert restarts == [("rayflow_restarts", "set", 1, {"job": "job"})] * 3
