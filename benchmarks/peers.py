@@ -327,9 +327,13 @@ class CountMaxSink(Sink):
         }
 
 
-def _rayflow_env(config: Config, storage: str) -> StreamExecutionEnvironment:
+def _rayflow_env(
+    config: Config, storage: str, channel_bytes: int | None = None
+) -> StreamExecutionEnvironment:
     env = StreamExecutionEnvironment()
     env.set_parallelism(config.parallelism)
+    if channel_bytes is not None:
+        env.set_buffer_limits(channel_bytes=channel_bytes)
     env.set_restart_strategy(RestartStrategies.no_restart())  # a restart would skew numbers
     if config.mode is not Mode.NONE:
         mode = (
@@ -356,10 +360,10 @@ def _rayflow_env(config: Config, storage: str) -> StreamExecutionEnvironment:
     return env
 
 
-def run_rayflow(config: Config, storage: str) -> Run:
+def run_rayflow(config: Config, storage: str, channel_bytes: int | None = None) -> Run:
     run = Run(config, load=load1())
     try:
-        env = _rayflow_env(config, storage)
+        env = _rayflow_env(config, storage, channel_bytes)
         name = f"peers-{config.engine.value}-{config.mode.value}-p{config.parallelism}"
         started = time.perf_counter()
         result = env.execute(f"{name}-{time.time_ns()}")
@@ -606,6 +610,20 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="start the local Ray as a job that finds none does (ensure_ray: 1 MiB inline "
         "arguments, workers import rayflow while idle) instead of ray.init(address='local')",
     )
+    parser.add_argument(
+        "--channel-bytes",
+        type=int,
+        metavar="BYTES",
+        help="rayflow's bytes of batches in flight per channel (set_buffer_limits; "
+        "default: rayflow's own)",
+    )
+    parser.add_argument(
+        "--inline-bytes",
+        type=int,
+        metavar="BYTES",
+        help="Ray's inline-argument limit for the Ray this run starts "
+        "(RAY_max_direct_call_object_size; default: what the starter sets)",
+    )
     parser.add_argument("--peer-timeout", type=float, default=PEER_TIMEOUT_S)
     parser.add_argument(
         "--bytewax-batch-size",
@@ -642,6 +660,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             parser.error(f"--{name} {python}: not an executable python")
         if python:  # absolute (main changes directory), symlinks kept (a venv's python is one)
             setattr(args, name, os.path.abspath(python))
+    for name in ("channel_bytes", "inline_bytes"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            parser.error(f"--{name.replace('_', '-')} {value}: must be >= 1")
     args.results_file = os.path.abspath(args.results_file)
     if args.lock:
         args.lock = os.path.abspath(args.lock)
@@ -696,9 +718,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     # the directory holding the rayflow this driver imported, so that workers import the
     # same one (checked again by the sink after every job).
     os.chdir(Path(rayflow.__file__).resolve().parents[1])
+    if args.inline_bytes is not None:  # read by every process of the Ray started below
+        os.environ["RAY_max_direct_call_object_size"] = str(args.inline_bytes)
     start_ray(rayflow_starts=args.rayflow_starts_ray)
     starter = "rayflow (ensure_ray)" if args.rayflow_starts_ray else "ray.init"
-    progress(f"Ray started by {starter}")
+    inline = os.environ.get("RAY_max_direct_call_object_size", "the starter's")
+    channel = args.channel_bytes or "rayflow's default"
+    progress(f"Ray started by {starter}; inline limit {inline}; channel bytes {channel}")
     storage = tempfile.mkdtemp(prefix="rayflow-bench-peers-")
     results: dict[Config, list[Run]] = {c: [] for b in blocks for c in b.configs}
     started = time.perf_counter()
@@ -713,7 +739,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         warmed.add(engine)
                         if engine.is_rayflow:
                             warm_config = Config(engine, Mode.EXACTLY_ONCE, 1, WARM_UP_RECORDS)
-                            warm = run_rayflow(warm_config, storage)
+                            warm = run_rayflow(warm_config, storage, args.channel_bytes)
                         else:
                             warm_config = Config(engine, Mode.NONE, 1, WARM_UP_RECORDS)
                             warm = run_peer(
@@ -726,7 +752,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 order = [c for _ in range(args.runs) for c in block.configs]
                 for i, config in enumerate(order, 1):
                     if config.engine.is_rayflow:
-                        run = run_rayflow(config, storage)
+                        run = run_rayflow(config, storage, args.channel_bytes)
                     else:
                         run = run_peer(
                             config,
