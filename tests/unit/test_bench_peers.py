@@ -177,6 +177,21 @@ def test_peer_python_must_exist(peers):
         peers.parse_args(["--bytewax", "/nonexistent/python"])
 
 
+def test_transport_limits_are_taken_and_checked(peers, capsys):
+    args = peers.parse_args(["--channel-bytes", "4194304", "--inline-bytes", "2097152"])
+    assert (args.channel_bytes, args.inline_bytes) == (4194304, 2097152)
+    assert peers.parse_args([]).channel_bytes is None
+    for flag in ("--channel-bytes", "--inline-bytes"):
+        with pytest.raises(SystemExit):
+            peers.parse_args([flag, "0"])
+        assert f"{flag} 0: must be >= 1" in capsys.readouterr().err
+
+
+def test_a_channel_bytes_limit_reaches_the_job(peers, tmp_path):
+    config = peers.Config(peers.Engine.RAYFLOW_VECTORIZED, peers.Mode.NONE, 1, 10)
+    assert peers._rayflow_env(config, str(tmp_path), 12345)._channel_bytes == 12345
+
+
 def test_peer_command_lines(peers):
     sql = peers.Config(peers.Engine.PYFLINK_SQL, peers.Mode.UNALIGNED, 2, 100)
     cmd = peers.peer_command(sql, "/venv/bin/python")
