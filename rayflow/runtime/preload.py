@@ -84,6 +84,20 @@ def import_runtime() -> None:
         import rayflow.runtime.subtask  # noqa: F401
     except Exception:  # noqa: BLE001 - never fail a worker; the actor's import reports it
         pass
+    _build_serialization_context()
+
+
+def _build_serialization_context() -> None:
+    """Have Ray build this worker's serialization context now. Ray builds it when the
+    process first serializes or deserializes an object, importing its serializers' add-ons
+    (pydantic among them, about 0.2 s here): without this, each new actor paid that before
+    its first reply, on the path of every job start."""
+    try:
+        import ray
+
+        ray._private.worker.global_worker.get_serialization_context()
+    except Exception:  # noqa: BLE001 - never fail a worker; Ray builds it when first needed
+        pass
 
 
 def _worker_python() -> list[str]:

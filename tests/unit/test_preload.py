@@ -59,6 +59,8 @@ def test_the_hook_imports_the_runtime_and_never_raises(tmp_path):
         f"assert {VARIABLE!r} not in os.environ  # not inherited further\n"
         "assert 'rayflow.runtime.subtask' in sys.modules\n"
         "assert 'rayflow.runtime.job_master' in sys.modules\n"
+        "import ray\n"
+        "assert ray._private.worker.global_worker.serialization_context_map\n"
         "sys.modules['rayflow.runtime.subtask'] = None  # an import that fails\n"
         "del sys.modules['rayflow.runtime.job_master']\n"
         "import_runtime()\n"
@@ -66,6 +68,17 @@ def test_the_hook_imports_the_runtime_and_never_raises(tmp_path):
     )
     assert_runs_ok(code)
     import_runtime()  # here, where it is imported already
+
+
+def test_the_hook_never_raises_when_ray_cannot_build_its_serialization_context(monkeypatch):
+    import ray
+
+    def refuse() -> None:
+        raise RuntimeError("no context here")
+
+    worker = ray._private.worker.global_worker
+    monkeypatch.setattr(worker, "get_serialization_context", refuse)
+    import_runtime()  # the hook of a worker: never raises
 
 
 def test_the_hook_is_what_ray_loads():
