@@ -1,7 +1,9 @@
 """What a worker process of a local Ray that rayflow started imports before it takes any
 work: rayflow's runtime (the modules of the job master and of a subtask, with pyarrow),
 so that an actor placed on an idle worker (a warm worker, see
-:mod:`rayflow.runtime.warm_workers`) does not import them while its job starts.
+:mod:`rayflow.runtime.warm_workers`) does not import them while its job starts; and Ray's
+serialization context, which Ray otherwise builds (importing its add-ons) when the actor
+first replies.
 
 Ray runs a *worker process setup hook* in every worker it starts, named by an
 environment variable the worker inherits from the raylet (the mechanism behind
