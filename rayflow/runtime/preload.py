@@ -1,7 +1,9 @@
 """What a worker process of a local Ray that rayflow started imports before it takes any
 work: rayflow's runtime (the modules of the job master and of a subtask, with pyarrow),
 so that an actor placed on an idle worker (a warm worker, see
-:mod:`rayflow.runtime.warm_workers`) does not import them while its job starts.
+:mod:`rayflow.runtime.warm_workers`) does not import them while its job starts; and Ray's
+serialization context, which Ray otherwise builds (importing its add-ons) when the actor
+first replies.
 
 Ray runs a *worker process setup hook* in every worker it starts, named by an
 environment variable the worker inherits from the raylet (the mechanism behind
@@ -17,19 +19,29 @@ finds rayflow by the worker's own path only (``PYTHONPATH``, site-packages). Whe
 finds no rayflow, or another one than the driver's (a driver run from a checkout while
 another rayflow is installed), the hook is not set: it would make every worker exit (Ray
 ends a worker whose hook cannot be loaded), or have the actors run the other rayflow,
-the one the worker imported first.
+the one the worker imported first. Nor is it set where the driver's directories (its
+script's and its working directory, which Ray puts first on a worker's path) hold a
+module that shadows a standard or installed one: the hook would have imported the
+installed one first, and the job's functions would get another module than the driver.
 """
 
 from __future__ import annotations
 
 import ast
 import contextlib
+import importlib.machinery
 import os
 import subprocess
 import sys
 from collections.abc import Iterator
 
-__all__ = ["SETUP_HOOK", "import_runtime", "worker_setup_hook", "workers_import_this_rayflow"]
+__all__ = [
+    "SETUP_HOOK",
+    "import_runtime",
+    "shadowed_modules",
+    "worker_setup_hook",
+    "workers_import_this_rayflow",
+]
 
 #: The hook, as Ray loads it (``module.function``).
 SETUP_HOOK = "rayflow.runtime.preload.import_runtime"
@@ -84,6 +96,20 @@ def import_runtime() -> None:
         import rayflow.runtime.subtask  # noqa: F401
     except Exception:  # noqa: BLE001 - never fail a worker; the actor's import reports it
         pass
+    _build_serialization_context()
+
+
+def _build_serialization_context() -> None:
+    """Have Ray build this worker's serialization context now. Ray builds it when the
+    process first serializes or deserializes an object, importing its serializers' add-ons
+    (pydantic among them, about 0.2 s here): without this, each new actor paid that before
+    its first reply, on the path of every job start."""
+    try:
+        import ray
+
+        ray._private.worker.global_worker.get_serialization_context()
+    except Exception:  # noqa: BLE001 - never fail a worker; Ray builds it when first needed
+        pass
 
 
 def _worker_python() -> list[str]:
@@ -116,14 +142,63 @@ def workers_import_this_rayflow() -> bool:
     return sorted(os.path.realpath(path) for path in theirs) == ours
 
 
+def _driver_directories() -> list[str]:
+    """The directories Ray puts first on its workers' ``sys.path`` for this driver when
+    their first task runs: the script's directory (where ``sys.path`` has it) and the
+    working directory."""
+    found = []
+    if sys.argv and sys.argv[0]:
+        script = os.path.dirname(os.path.realpath(sys.argv[0]))
+        if script in sys.path:
+            found.append(script)
+    found.append(os.path.abspath(os.curdir))
+    return list(dict.fromkeys(found))
+
+
+def _top_level_modules(directory: str) -> set[str]:
+    """Names of the modules and regular packages ``directory`` holds."""
+    try:
+        entries = os.listdir(directory)
+    except OSError:
+        return set()
+    names = set()
+    for entry in entries:
+        path = os.path.join(directory, entry)
+        if entry.endswith((".py", ".so", ".pyd")) and not os.path.isdir(path):
+            names.add(entry.split(".", 1)[0])
+        elif os.path.isfile(os.path.join(path, "__init__.py")):
+            names.add(entry)
+    return {name for name in names if name.isidentifier()}
+
+
+def shadowed_modules(directories: list[str] | None = None) -> list[str]:
+    """Modules of the driver's directories that shadow a module of the standard library
+    or of the installed packages. A worker's hook imports such modules (the runtime's
+    dependencies, the add-ons of Ray's serialization context) before those directories are
+    on its path, so its actors would get the installed module where the driver's own
+    code, and a worker without the hook, gets the directory's: where any exists, no hook
+    is set."""
+    directories = _driver_directories() if directories is None else directories
+    own = {os.path.realpath(d) for d in directories}
+    elsewhere = [p for p in sys.path if p and os.path.realpath(p) not in own]
+    shadowed = []
+    for name in sorted(set().union(*map(_top_level_modules, directories))):
+        if name in sys.stdlib_module_names or name in sys.builtin_module_names:
+            shadowed.append(name)
+        elif importlib.machinery.PathFinder.find_spec(name, elsewhere) is not None:
+            shadowed.append(name)
+    return shadowed
+
+
 @contextlib.contextmanager
 def worker_setup_hook() -> Iterator[None]:
     """While in the block, processes started from this one (the local raylet that
     ``ray.init`` starts, and so every worker it starts) run :func:`import_runtime` before
     they take work; a hook the environment already names is left as it is, and none is
-    set where the workers would not import this process's rayflow."""
+    set where the workers would not import this process's rayflow, or where the driver's
+    directories shadow an installed module (:func:`shadowed_modules`)."""
     variable = _variable()
-    if variable in os.environ or not workers_import_this_rayflow():
+    if variable in os.environ or shadowed_modules() or not workers_import_this_rayflow():
         yield
         return
     os.environ[variable] = SETUP_HOOK

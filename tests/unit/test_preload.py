@@ -40,6 +40,30 @@ def test_the_hook_is_set_only_inside_the_block(monkeypatch):
     assert VARIABLE not in os.environ
 
 
+def test_modules_that_shadow_a_standard_or_installed_one_are_named(tmp_path):
+    (tmp_path / "colorsys.py").write_text("")  # the standard library's
+    (tmp_path / "json").mkdir()  # a regular package: the standard library's
+    (tmp_path / "json" / "__init__.py").write_text("")
+    (tmp_path / "numpy.cpython-311-x86_64-linux-gnu.so").write_text("")  # installed
+    (tmp_path / "pyarrow").mkdir()  # no __init__: a namespace package shadows nothing
+    (tmp_path / "my_job_helpers.py").write_text("")  # the project's own
+    (tmp_path / "notes.txt").write_text("")
+    assert preload.shadowed_modules([str(tmp_path)]) == ["colorsys", "json", "numpy"]
+    assert preload.shadowed_modules([str(tmp_path / "missing")]) == []
+
+
+def test_no_hook_where_the_drivers_directory_shadows_an_installed_module(monkeypatch, tmp_path):
+    monkeypatch.setenv("PYTHONPATH", ROOT)  # the workers find this rayflow
+    monkeypatch.delenv(VARIABLE, raising=False)
+    monkeypatch.chdir(tmp_path)  # the working directory is one of the driver's
+    with worker_setup_hook():
+        assert os.environ.get(VARIABLE) == SETUP_HOOK
+    (tmp_path / "colorsys.py").write_text("")
+    with worker_setup_hook():
+        assert VARIABLE not in os.environ
+    assert VARIABLE not in os.environ
+
+
 def test_a_hook_the_environment_names_is_left_alone(monkeypatch):
     monkeypatch.setenv(VARIABLE, "theirs.module.hook")
     with worker_setup_hook():
@@ -59,6 +83,8 @@ def test_the_hook_imports_the_runtime_and_never_raises(tmp_path):
         f"assert {VARIABLE!r} not in os.environ  # not inherited further\n"
         "assert 'rayflow.runtime.subtask' in sys.modules\n"
         "assert 'rayflow.runtime.job_master' in sys.modules\n"
+        "import ray\n"
+        "assert ray._private.worker.global_worker.serialization_context_map\n"
         "sys.modules['rayflow.runtime.subtask'] = None  # an import that fails\n"
         "del sys.modules['rayflow.runtime.job_master']\n"
         "import_runtime()\n"
@@ -66,6 +92,17 @@ def test_the_hook_imports_the_runtime_and_never_raises(tmp_path):
     )
     assert_runs_ok(code)
     import_runtime()  # here, where it is imported already
+
+
+def test_the_hook_never_raises_when_ray_cannot_build_its_serialization_context(monkeypatch):
+    import ray
+
+    def refuse() -> None:
+        raise RuntimeError("no context here")
+
+    worker = ray._private.worker.global_worker
+    monkeypatch.setattr(worker, "get_serialization_context", refuse)
+    import_runtime()  # the hook of a worker: never raises
 
 
 def test_the_hook_is_what_ray_loads():
