@@ -23,6 +23,10 @@ the one the worker imported first. Nor is it set where the driver's directories 
 script's and its working directory, which Ray puts first on a worker's path) hold a
 module that shadows a standard or installed one: the hook would have imported the
 installed one first, and the job's functions would get another module than the driver.
+Ray reads its serialization settings (``RAY_DISABLE_CUSTOM_ARROW_DATA_SERIALIZATION``,
+``RAY_DISABLE_CUSTOM_ARROW_JSON_OPTIONS_SERIALIZATION``) when it builds the context: with
+the hook they must be in the environment that starts Ray, as Ray's other settings are; one
+that code sets later in a worker no longer applies there.
 """
 
 from __future__ import annotations
