@@ -189,7 +189,12 @@ def shadowed_modules(directories: list[str] | None = None) -> list[str]:
     for name in sorted(set().union(*map(_top_level_modules, directories))):
         if name in sys.stdlib_module_names or name in sys.builtin_module_names:
             shadowed.append(name)
-        elif importlib.machinery.PathFinder.find_spec(name, elsewhere) is not None:
+            continue
+        try:
+            found = importlib.machinery.PathFinder.find_spec(name, elsewhere) is not None
+        except (ImportError, OSError, ValueError):
+            found = True  # cannot tell: taken as shadowing (no hook is the safe side)
+        if found:
             shadowed.append(name)
     return shadowed
 

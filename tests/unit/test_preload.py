@@ -52,6 +52,18 @@ def test_modules_that_shadow_a_standard_or_installed_one_are_named(tmp_path):
     assert preload.shadowed_modules([str(tmp_path / "missing")]) == []
 
 
+def test_a_module_whose_lookup_fails_counts_as_shadowing(monkeypatch, tmp_path):
+    import importlib.machinery
+
+    def broken(*args, **kwargs):
+        raise ValueError("a path entry that cannot be read")
+
+    (tmp_path / "my_job_helpers.py").write_text("")
+    assert preload.shadowed_modules([str(tmp_path)]) == []
+    monkeypatch.setattr(importlib.machinery.PathFinder, "find_spec", broken)
+    assert preload.shadowed_modules([str(tmp_path)]) == ["my_job_helpers"]
+
+
 def test_no_hook_where_the_drivers_directory_shadows_an_installed_module(monkeypatch, tmp_path):
     monkeypatch.setenv("PYTHONPATH", ROOT)  # the workers find this rayflow
     monkeypatch.delenv(VARIABLE, raising=False)
