@@ -176,18 +176,21 @@ def _top_level_modules(directory: str) -> set[str]:
 
 
 def shadowed_modules(directories: list[str] | None = None) -> list[str]:
-    """Modules of the driver's directories that shadow a module of the standard library
-    or of the installed packages. A worker's hook imports such modules (the runtime's
-    dependencies, the add-ons of Ray's serialization context) before those directories are
-    on its path, so its actors would get the installed module where the driver's own
-    code, and a worker without the hook, gets the directory's: where any exists, no hook
-    is set."""
+    """Modules of the driver's directories that the driver takes from there, shadowing a
+    module of the standard library or of the installed packages. A worker's hook imports
+    such modules (the runtime's dependencies, the add-ons of Ray's serialization context)
+    before those directories are on its path, so its actors would get the installed module
+    where the driver's own code, and a worker without the hook, gets the directory's: where
+    any exists, no hook is set. A module the driver takes from elsewhere (a console script
+    run in a checkout of what it installed) is no such module."""
     directories = _driver_directories() if directories is None else directories
     own = {os.path.realpath(d) for d in directories}
     elsewhere = [p for p in sys.path if p and os.path.realpath(p) not in own]
     shadowed = []
     for name in sorted(set().union(*map(_top_level_modules, directories))):
-        if name in sys.stdlib_module_names or name in sys.builtin_module_names:
+        if name in sys.builtin_module_names or not _drivers_from(name, own):
+            continue  # the driver gets the installed one too (or a built-in: always)
+        if name in sys.stdlib_module_names:
             shadowed.append(name)
             continue
         try:
@@ -197,6 +200,30 @@ def shadowed_modules(directories: list[str] | None = None) -> list[str]:
         if found:
             shadowed.append(name)
     return shadowed
+
+
+def _drivers_from(name: str, directories: set[str]) -> bool:
+    """Whether this driver gets module ``name`` from one of ``directories`` (the one it
+    imported, else the one its ``sys.path`` finds first); True where that cannot be told."""
+    module = sys.modules.get(name)
+    if module is not None:
+        origin = getattr(module, "__file__", None) or next(
+            iter(getattr(module, "__path__", None) or []), None
+        )
+    else:
+        path = [os.path.abspath(os.curdir) if p == "" else p for p in sys.path]
+        try:
+            spec = importlib.machinery.PathFinder.find_spec(name, path)
+        except (ImportError, OSError, ValueError):
+            return True
+        if spec is None:
+            return False
+        origin = spec.origin if spec.has_location else None
+        origin = origin or next(iter(spec.submodule_search_locations or []), None)
+    if not origin:
+        return False
+    real = os.path.realpath(origin)
+    return any(real.startswith(d + os.sep) for d in directories)
 
 
 @contextlib.contextmanager

@@ -40,15 +40,18 @@ def test_the_hook_is_set_only_inside_the_block(monkeypatch):
     assert VARIABLE not in os.environ
 
 
-def test_modules_that_shadow_a_standard_or_installed_one_are_named(tmp_path):
-    (tmp_path / "colorsys.py").write_text("")  # the standard library's
-    (tmp_path / "json").mkdir()  # a regular package: the standard library's
-    (tmp_path / "json" / "__init__.py").write_text("")
-    (tmp_path / "numpy.cpython-311-x86_64-linux-gnu.so").write_text("")  # installed
+def test_modules_that_shadow_a_standard_or_installed_one_are_named(monkeypatch, tmp_path):
+    (tmp_path / "xdrlib.py").write_text("")  # the standard library's
+    (tmp_path / "tabnanny").mkdir()  # a regular package: the standard library's
+    (tmp_path / "tabnanny" / "__init__.py").write_text("")
+    (tmp_path / "pip.cpython-311-x86_64-linux-gnu.so").write_text("")  # installed
     (tmp_path / "pyarrow").mkdir()  # no __init__: a namespace package shadows nothing
     (tmp_path / "my_job_helpers.py").write_text("")  # the project's own
     (tmp_path / "notes.txt").write_text("")
-    assert preload.shadowed_modules([str(tmp_path)]) == ["colorsys", "json", "numpy"]
+    # a driver that does not have the directory on its path takes the installed ones
+    assert preload.shadowed_modules([str(tmp_path)]) == []
+    monkeypatch.syspath_prepend(str(tmp_path))  # the script's directory, first
+    assert preload.shadowed_modules([str(tmp_path)]) == ["pip", "tabnanny", "xdrlib"]
     assert preload.shadowed_modules([str(tmp_path / "missing")]) == []
 
 
@@ -59,6 +62,7 @@ def test_a_module_whose_lookup_fails_counts_as_shadowing(monkeypatch, tmp_path):
         raise ValueError("a path entry that cannot be read")
 
     (tmp_path / "my_job_helpers.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
     assert preload.shadowed_modules([str(tmp_path)]) == []
     monkeypatch.setattr(importlib.machinery.PathFinder, "find_spec", broken)
     assert preload.shadowed_modules([str(tmp_path)]) == ["my_job_helpers"]
@@ -68,9 +72,10 @@ def test_no_hook_where_the_drivers_directory_shadows_an_installed_module(monkeyp
     monkeypatch.setenv("PYTHONPATH", ROOT)  # the workers find this rayflow
     monkeypatch.delenv(VARIABLE, raising=False)
     monkeypatch.chdir(tmp_path)  # the working directory is one of the driver's
+    monkeypatch.syspath_prepend(str(tmp_path))  # and on its path, as a script's is
     with worker_setup_hook():
         assert os.environ.get(VARIABLE) == SETUP_HOOK
-    (tmp_path / "colorsys.py").write_text("")
+    (tmp_path / "xdrlib.py").write_text("")  # the driver would take this one
     with worker_setup_hook():
         assert VARIABLE not in os.environ
     assert VARIABLE not in os.environ
