@@ -306,9 +306,34 @@ class MasterFaults(MasterHooks):
                 proceed = False
             else:
                 ray.kill(targets[0], no_restart=True)
+                if point is FaultPoint.BEFORE_NOTIFY:
+                    _wait_until_dead(targets[0])
             if point is FaultPoint.DURING_COMMIT_POINT and fault.seconds:
                 time.sleep(fault.seconds)  # the commit point outlives the subtask's death
         return proceed
+
+
+def _wait_until_dead(handle: Any, timeout_s: float = 120.0) -> None:
+    """Return once the actor behind ``handle`` is dead. A kill travels through Ray's
+    control plane while calls go to the actor directly: without this wait, the step
+    after the point (a notification) can reach the actor before its death does."""
+    import ray
+    from ray.exceptions import ActorDiedError, ActorUnavailableError, GetTimeoutError
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            ray.get(handle.__ray_ready__.remote(), timeout=max(0.1, deadline - time.monotonic()))
+        except ActorDiedError:
+            return
+        except ActorUnavailableError:
+            pass  # dying, or unreachable for a moment: ask again
+        except GetTimeoutError:
+            break
+        time.sleep(0.01)
+    raise RuntimeError(
+        f"fault injection: the killed actor {handle} was still alive after {timeout_s:.0f} s"
+    )
 
 
 def inject_faults(env, plan: RuntimeHooks) -> None:

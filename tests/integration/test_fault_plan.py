@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import threading
+
 from rayflow import NumberSequenceSource, StreamExecutionEnvironment
 from rayflow.config import RestartStrategies
 from rayflow.testing import Fault, FaultPlan, FaultPoint, inject_faults
@@ -26,3 +29,53 @@ def test_a_fault_plan_targets_the_next_run_only(tmp_path):
     second = env.execute("fault-plan-run-2")
     assert first.restarts == 1, first.failures
     assert second.restarts == 0, second.failures
+
+
+def test_a_subtask_killed_before_notify_is_dead_before_the_notification_is_sent():
+    """BEFORE_NOTIFY: a subtask dies after the commit point, before its notification.
+    The kill must have taken effect when the hook returns, or the notification the job
+    master sends next can reach the subtask first (it then commits what the schedule
+    meant to leave for the restored attempt)."""
+    import ray
+    from ray.exceptions import RayActorError
+
+    from rayflow.testing import MasterFaults
+
+    @ray.remote(max_restarts=0)
+    class Committer:
+        async def notify(self, checkpoint_id: int) -> int:
+            return checkpoint_id
+
+    for round_ in range(3):
+        actor = Committer.remote()
+        assert ray.get(actor.notify.remote(0)) == 0
+        hooks = MasterFaults([Fault(FaultPoint.BEFORE_NOTIFY, vertex="committed", checkpoint=2)])
+        assert hooks.at(FaultPoint.BEFORE_NOTIFY, 1, {("Sum -> committed", 0): actor})
+        assert ray.get(actor.notify.remote(1)) == 1  # not its checkpoint: no kill
+        with _gcs_paused(1.0):  # the kill travels through the GCS: slow there
+            hooks.at(FaultPoint.BEFORE_NOTIFY, 2, {("Sum -> committed", 0): actor})
+            notified = actor.notify.remote(2)
+        try:
+            answer = ray.get(notified, timeout=60)
+        except RayActorError:
+            continue
+        raise AssertionError(f"round {round_}: the killed subtask took the notification: {answer}")
+
+
+@contextlib.contextmanager
+def _gcs_paused(seconds: float):
+    """Stop this session's GCS process for ``seconds`` (SIGSTOP, then SIGCONT): a slow
+    GCS, not a dead one."""
+    import psutil
+
+    gcs = [  # the local Ray this session started: its processes are our children
+        p for p in psutil.Process().children(recursive=True) if p.name() == "gcs_server"
+    ]
+    assert len(gcs) == 1, gcs
+    gcs[0].suspend()
+    timer = threading.Timer(seconds, gcs[0].resume)
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.join()
