@@ -35,11 +35,10 @@ from rayflow.plan.physical import OperatorSpec, VertexSpec  # noqa: E402
 from rayflow.runtime.channels import OutputChannel  # noqa: E402
 from rayflow.runtime.events import EndOfInput  # noqa: E402
 from rayflow.runtime.operators import Operator, factory  # noqa: E402
-from rayflow.runtime.subtask import OutputDeployment, SubtaskActor, SubtaskDeployment  # noqa: E402
+from rayflow.runtime.subtask import OutputDeployment, Subtask, SubtaskDeployment  # noqa: E402
 
 __all__ = ["main"]
 
-Subtask = SubtaskActor.__ray_metadata__.modified_class
 ORIGINAL = subtask_module._acknowledgements_out
 
 

@@ -10,7 +10,7 @@ lists of the batch's records again. :func:`tune_for_subtask` raises that thresho
 many net allocations (so memory stays bounded), but far less often. Reference counting
 frees everything that is not part of a cycle at once, as before.
 
-Only a subtask's own actor process is tuned: a ``SubtaskActor`` built in another process
+Only a subtask's own actor process is tuned: a ``Subtask`` built in another process
 (a driver, a test) leaves that process's settings alone.
 """
 

@@ -49,7 +49,8 @@ from rayflow.runtime.ray_metrics import JobMetrics
 from rayflow.runtime.run_holds import hold_sinks, release_holds
 from rayflow.runtime.run_lock import release_run_lock_of
 from rayflow.runtime.settings import JobSettings
-from rayflow.runtime.subtask import SubtaskActor, SubtaskDeployment
+from rayflow.runtime.subtask import SubtaskDeployment
+from rayflow.runtime.subtask_actor import SubtaskActor
 from rayflow.runtime.supervisor import RestartSupervisor, SupervisorState
 from rayflow.sink import TwoPhaseCommittingSink
 from rayflow.status import FailureKind, JobState

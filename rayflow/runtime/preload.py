@@ -97,7 +97,7 @@ def import_runtime() -> None:
         return  # a worker that spills or restores objects runs no actor
     try:
         import rayflow.runtime.job_master  # noqa: F401
-        import rayflow.runtime.subtask  # noqa: F401
+        import rayflow.runtime.subtask_actor  # noqa: F401
     except Exception:  # noqa: BLE001 - never fail a worker; the actor's import reports it
         pass
     _build_serialization_context()

@@ -1,6 +1,7 @@
-"""The subtask actor: one parallel instance of a chain of operators.
+"""A subtask: one parallel instance of a chain of operators.
 
-A subtask is an async Ray actor. Its ``run()`` coroutine is the mailbox loop:
+A subtask runs in an async Ray actor (:mod:`rayflow.runtime.subtask_actor`, which hands
+it every call). Its ``run()`` coroutine is the mailbox loop:
 the only code that touches operator state. ``push`` (data from upstream
 subtasks) only fills the :class:`~rayflow.runtime.channels.InputGate`; control
 calls (trigger, notify, abort) only enqueue into the gate's control mailbox.
@@ -90,6 +91,13 @@ from rayflow.runtime.ray_metrics import EXPORT_INTERVAL_S, SubtaskMetricsExporte
 from rayflow.runtime.restore import StateHandle
 from rayflow.sources import SourceReader
 from rayflow.state import KeyedStateBackend
+
+__all__ = [
+    "CONTROL_GROUP",
+    "OutputDeployment",
+    "Subtask",
+    "SubtaskDeployment",
+]
 
 #: Concurrency group of control calls: never queued behind data pushes that wait for
 #: buffer space (at high fan-in those could take every slot while a barrier is aligned).
@@ -313,8 +321,12 @@ class _RecordWriter:
             await channel.flush()
 
 
-@ray.remote(max_restarts=0, max_task_retries=0, concurrency_groups={CONTROL_GROUP: 64})
-class SubtaskActor:
+class Subtask:
+    """One parallel instance of a vertex: its mailbox loop, barrier handling, operators,
+    input gate and output writers. :class:`rayflow.runtime.subtask_actor.SubtaskActor`
+    is the Ray actor around it (the calls other actors make); this class is plain, so
+    Ray exports and disassembles only that thin surface when a job starts one."""
+
     def __init__(self, deployment: SubtaskDeployment) -> None:
         if not hasattr(self, "_threads"):
             tune_for_subtask()  # this actor's own process: fewer collector runs
@@ -459,7 +471,6 @@ class SubtaskActor:
             return None
         return await self.gate.push(channel, seq, message)
 
-    @ray.method(concurrency_group=CONTROL_GROUP)
     async def trigger_checkpoint(
         self,
         attempt: int,
@@ -475,7 +486,6 @@ class SubtaskActor:
                 self.gate.put_control(_Trigger(checkpoint_id, timestamp, final, savepoint))
             )
 
-    @ray.method(concurrency_group=CONTROL_GROUP)
     async def announce_barrier(
         self, attempt: int, channel: int, barrier: CheckpointBarrier, position: int
     ) -> None:
@@ -486,24 +496,20 @@ class SubtaskActor:
                 self.gate.put_control(_Announcement(channel, barrier, position))
             )
 
-    @ray.method(concurrency_group=CONTROL_GROUP)
     async def notify_checkpoint_complete(self, attempt: int, checkpoint_id: int) -> None:
         if attempt == self.attempt:
             await self._on_mailbox_loop(self.gate.put_control(_Complete(checkpoint_id)))
 
-    @ray.method(concurrency_group=CONTROL_GROUP)
     async def notify_checkpoint_aborted(self, attempt: int, checkpoint_id: int) -> None:
         if attempt == self.attempt:
             await self._on_mailbox_loop(self.gate.put_control(_Abort(checkpoint_id)))
 
-    @ray.method(concurrency_group=CONTROL_GROUP)
     async def snapshot_blob(self, attempt: int, checkpoint_id: int) -> bytes:
         """The blob of a checkpoint; the caller (the job master) owns the returned object."""
         if attempt != self.attempt:
             raise RuntimeError(f"blob of attempt {attempt} asked from attempt {self.attempt}")
         return self._blobs.pop(checkpoint_id)
 
-    @ray.method(concurrency_group=CONTROL_GROUP)
     async def metrics(self) -> dict[str, Any]:
         m = dict(self.metrics_)
         m["vertex"] = self.name
@@ -548,16 +554,13 @@ class SubtaskActor:
             "send_window_max": max(windows, default=None),
         }
 
-    @ray.method(concurrency_group=CONTROL_GROUP)
     async def ready(self) -> bool:
         return True
 
-    @ray.method(concurrency_group=CONTROL_GROUP)
     async def drain_output(self) -> list[str]:
         """Lines user functions printed here since the last drain, prefixed."""
         return self._output.drain()
 
-    @ray.method(concurrency_group=CONTROL_GROUP)
     async def quiesce(self, attempt: int, wait_s: float = 2.0) -> bool:
         """The attempt ended: revoke its fence, stop its background work, and say whether
         this actor is clean enough to be reused (no thread of the attempt still runs;
@@ -570,7 +573,6 @@ class SubtaskActor:
             await asyncio.sleep(0.02)
         return self._threads == 0
 
-    @ray.method(concurrency_group=CONTROL_GROUP)
     async def redeploy(self, deployment: SubtaskDeployment) -> bool:
         """Become a subtask of a new attempt (the previous ``run()`` was cancelled).
         Refused (False) while a thread of an earlier attempt still runs here."""
@@ -599,7 +601,6 @@ class SubtaskActor:
             return await coro
         return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, loop))
 
-    @ray.method(concurrency_group=CONTROL_GROUP)
     async def close_for_cancel(self, attempt: int, latest_completed: int | None) -> bool:
         """The run is over (``run()`` has ended): commit what completed checkpoints hold,
         abort every other transaction, close every operator. False when this subtask

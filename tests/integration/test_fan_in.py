@@ -23,7 +23,8 @@ from rayflow.checkpoint.storage import CheckpointStorage
 from rayflow.config import CheckpointingMode
 from rayflow.runtime.events import CheckpointBarrier
 from rayflow.runtime.job_master import subtask_max_concurrency
-from rayflow.runtime.subtask import SubtaskActor, SubtaskDeployment
+from rayflow.runtime.subtask import SubtaskDeployment
+from rayflow.runtime.subtask_actor import SubtaskActor
 
 CHANNELS = 130
 CAPACITY = 1

@@ -22,11 +22,8 @@ from rayflow.plan.partitioners import PartitionerSpec, PartitionKind
 from rayflow.plan.physical import OperatorSpec, VertexSpec
 from rayflow.runtime.operators import Operator, factory
 from rayflow.runtime.restore import StateHandle
-from rayflow.runtime.subtask import OutputDeployment, SubtaskActor, SubtaskDeployment
+from rayflow.runtime.subtask import OutputDeployment, Subtask, SubtaskDeployment
 from rayflow.sources import NumberSequenceSource
-
-#: the subtask class itself, instantiated in this process
-Subtask = SubtaskActor.__ray_metadata__.modified_class
 
 
 class Cut(Operator):

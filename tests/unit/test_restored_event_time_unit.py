@@ -11,9 +11,9 @@ from types import SimpleNamespace
 from rayflow.eventtime import MIN_WATERMARK
 from rayflow.eventtime.valve import EVENT_TIME_KEY, ValveState
 from rayflow.runtime.restore import StateHandle
-from rayflow.runtime.subtask import SubtaskActor
+from rayflow.runtime.subtask import Subtask
 
-restored_event_time = SubtaskActor.__ray_actor_class__._restored_event_time
+restored_event_time = Subtask._restored_event_time
 
 
 def handles(parallelism, watermarks):
