@@ -23,13 +23,15 @@ import ray
 from rayflow.runtime.events import CheckpointBarrier
 from rayflow.runtime.subtask import CONTROL_GROUP, Subtask, SubtaskDeployment
 
-__all__ = ["SubtaskActor", "SubtaskEndpoint"]
+__all__ = ["SubtaskActor"]
 
 
-class SubtaskEndpoint:
+@ray.remote(max_restarts=0, max_task_retries=0, concurrency_groups={CONTROL_GROUP: 64})
+class SubtaskActor:
     """The remote surface of one subtask (see the module's docstring); each method
-    hands the call to the :class:`Subtask` it holds. ``SubtaskActor`` is this class
-    as a Ray actor."""
+    hands the call to the :class:`Subtask` it holds. Never restarted by Ray, its calls
+    never retried: a failed subtask fails its attempt, and the job master deploys the
+    next one."""
 
     def __init__(self, deployment: SubtaskDeployment) -> None:
         self._subtask = Subtask(deployment)
@@ -109,10 +111,3 @@ class SubtaskEndpoint:
     @ray.method(concurrency_group=CONTROL_GROUP)
     async def close_for_cancel(self, attempt: int, latest_completed: int | None) -> bool:
         return await self._subtask.close_for_cancel(attempt, latest_completed)
-
-
-#: A subtask's Ray actor. Never restarted by Ray, its calls never retried: a failed
-#: subtask fails its attempt, and the job master deploys the next one.
-SubtaskActor = ray.remote(
-    max_restarts=0, max_task_retries=0, concurrency_groups={CONTROL_GROUP: 64}
-)(SubtaskEndpoint)

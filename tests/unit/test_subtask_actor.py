@@ -7,7 +7,10 @@ import inspect
 import ray.cloudpickle as cloudpickle
 
 from rayflow.runtime.subtask import CONTROL_GROUP, Subtask
-from rayflow.runtime.subtask_actor import SubtaskActor, SubtaskEndpoint
+from rayflow.runtime.subtask_actor import SubtaskActor
+
+#: the class the actor is made of
+Endpoint = SubtaskActor.__ray_metadata__.modified_class.__ray_actor_class__
 
 #: the calls other actors make on a subtask
 REMOTE_CALLS = {
@@ -46,19 +49,19 @@ def _parameters(method) -> list[tuple[str, object]]:
 
 
 def test_the_actor_holds_the_remote_calls_and_nothing_else():
-    assert _public_methods(SubtaskEndpoint) == REMOTE_CALLS
+    assert _public_methods(Endpoint) == REMOTE_CALLS
 
 
 def test_every_call_is_handed_to_the_subtask_method_of_the_same_signature():
     for name in REMOTE_CALLS - {"ready"}:
-        endpoint, subtask = (_parameters(getattr(cls, name)) for cls in (SubtaskEndpoint, Subtask))
+        endpoint, subtask = (_parameters(getattr(cls, name)) for cls in (Endpoint, Subtask))
         assert endpoint == subtask, name
-        assert inspect.iscoroutinefunction(getattr(SubtaskEndpoint, name)), name
+        assert inspect.iscoroutinefunction(getattr(Endpoint, name)), name
 
 
 def test_control_calls_run_in_the_control_group_and_data_calls_do_not():
     for name in REMOTE_CALLS:
-        group = getattr(getattr(SubtaskEndpoint, name), "__ray_concurrency_group__", None)
+        group = getattr(getattr(Endpoint, name), "__ray_concurrency_group__", None)
         assert group == (None if name in DATA_CALLS else CONTROL_GROUP), name
 
 
