@@ -62,6 +62,70 @@ def test_a_subtask_killed_before_notify_is_dead_before_the_notification_is_sent(
         raise AssertionError(f"round {round_}: the killed subtask took the notification: {answer}")
 
 
+def test_a_subtask_killed_during_the_commit_point_is_dead_before_the_notification_is_sent():
+    """DURING_COMMIT_POINT: a subtask dies while the commit point is written, so the
+    checkpoint completes without it. The kill must have taken effect when the hook
+    returns (the metadata write and the notification come next, the write of a local
+    directory in milliseconds), or the subtask takes the notification and commits what
+    the schedule leaves for the restored attempt: the BEFORE_NOTIFY race, one step
+    earlier. ``seconds`` (the commit point outlives the death) is a sleep, not a wait."""
+    import ray
+    from ray.exceptions import RayActorError
+
+    from rayflow.testing import MasterFaults
+
+    for seconds in (0.0, 1.0):
+        actor = _committer()
+        assert ray.get(actor.notify.remote(0)) == 0
+        fault = Fault(
+            FaultPoint.DURING_COMMIT_POINT, vertex="committed", checkpoint=2, seconds=seconds
+        )
+        hooks = MasterFaults([fault])
+        with _gcs_paused(seconds + 1.0):  # the kill travels through the GCS: slow there
+            hooks.at(FaultPoint.DURING_COMMIT_POINT, 2, {("Sum -> committed", 0): actor})
+            notified = actor.notify.remote(2)
+        try:
+            answer = ray.get(notified, timeout=60)
+        except RayActorError:
+            continue
+        raise AssertionError(f"seconds={seconds}: the killed subtask took notification {answer}")
+
+
+def test_a_kept_subtask_killed_during_the_restart_delay_is_dead_before_it_is_redeployed():
+    """DURING_RESTART_DELAY kills a subtask kept for reuse; after the delay the job master
+    redeploys the kept ones. A kill still on its way then is answered by the subtask
+    (it takes the redeploy and dies in the next attempt: a second restart the schedule
+    did not mean, see tests/chaos/test_fencing.py's restart-delay schedule)."""
+    import ray
+    from ray.exceptions import RayActorError
+
+    from rayflow.testing import MasterFaults
+
+    actor = _committer()
+    assert ray.get(actor.notify.remote(0)) == 0
+    hooks = MasterFaults([Fault(FaultPoint.DURING_RESTART_DELAY, vertex="running-sum", subtask=1)])
+    with _gcs_paused(1.0):
+        hooks.at(FaultPoint.DURING_RESTART_DELAY, 0, {("running-sum", 1): actor})
+        redeployed = actor.notify.remote(1)  # the redeploy, after a short restart delay
+    try:
+        answer = ray.get(redeployed, timeout=60)
+    except RayActorError:
+        return
+    raise AssertionError(f"the killed kept subtask took the redeploy: {answer}")
+
+
+def _committer():
+    """A subtask stand-in never restarted by Ray (as a subtask's actor is)."""
+    import ray
+
+    @ray.remote(max_restarts=0)
+    class Committer:
+        async def notify(self, checkpoint_id: int) -> int:
+            return checkpoint_id
+
+    return Committer.remote()
+
+
 @contextlib.contextmanager
 def _gcs_paused(seconds: float):
     """Stop this session's GCS process for ``seconds`` (SIGSTOP, then SIGCONT): a slow
