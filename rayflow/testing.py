@@ -306,8 +306,8 @@ class MasterFaults(MasterHooks):
                 proceed = False
             else:
                 ray.kill(targets[0], no_restart=True)
-                if point is FaultPoint.BEFORE_NOTIFY:
-                    _wait_until_dead(targets[0])
+                # dead before the step after the point (a notification, a redeploy)
+                _wait_until_dead(targets[0])
             if point is FaultPoint.DURING_COMMIT_POINT and fault.seconds:
                 time.sleep(fault.seconds)  # the commit point outlives the subtask's death
         return proceed
