@@ -54,7 +54,7 @@ async def settle():
 
 
 class Subtask:
-    """What SubtaskActor does with its handler (``_take``, ``_run_inputs``,
+    """What Subtask does with its handler (``_take``, ``_run_inputs``,
     ``_channel_state_done``, ``_abandoned``), without Ray and without operators."""
 
     def __init__(self, num_channels, capacity=4):

@@ -59,7 +59,7 @@ def test_restore_check_misses_a_rescale_of_a_vertex_whose_name_repeats():
     old = [("numbers -> MapBatches", 4), ("MapBatches", 4), ("MapBatches", 4), ("Sink", 4)]
     new = [("numbers -> MapBatches", 4), ("MapBatches", 2), ("MapBatches", 4), ("Sink", 4)]
     # old subtasks 2 and 3 of vertex 1 hold in-flight data. After the rescale no new subtask
-    # has index 2 or 3, and SubtaskActor._load_state replays channel state only from the
+    # has index 2 or 3, and Subtask._load_state replays channel state only from the
     # handle with old_index == self.index (and only checks parallelism for that one), so
     # those records are silently lost.
     meta = _checkpoint(old, {(1, 2), (1, 3)})
