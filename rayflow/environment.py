@@ -41,11 +41,7 @@ from rayflow.plan.physical import JobGraph, build_job_graph
 from rayflow.plan.resources import ResourceSpec
 from rayflow.ray_connect import check_address, quiet_local_start
 from rayflow.recoverability import FailureClassifier
-from rayflow.runtime.channels import (
-    DEFAULT_BUFFER_BYTES,
-    DEFAULT_BUFFER_TIMEOUT_MS,
-    DEFAULT_CHANNEL_BYTES,
-)
+from rayflow.runtime.channels import DEFAULT_BUFFER_TIMEOUT_MS
 from rayflow.runtime.debloat import MIN_TARGET_MS
 from rayflow.runtime.job_master import JobMaster, _unwrap
 from rayflow.runtime.latency import DEFAULT_LATENCY_TRACKING_INTERVAL_MS, LatencyTracker
@@ -1070,8 +1066,8 @@ class StreamExecutionEnvironment:
         self._latency_tracking_interval_ms = DEFAULT_LATENCY_TRACKING_INTERVAL_MS
         self._debloat_target_ms: int | None = None
         self._buffer_timeout_ms = DEFAULT_BUFFER_TIMEOUT_MS
-        self._buffer_bytes = DEFAULT_BUFFER_BYTES
-        self._channel_bytes = DEFAULT_CHANNEL_BYTES
+        self._buffer_bytes: int | None = None  # sized by the channel's bytes
+        self._channel_bytes: int | None = None  # sized by each subtask's channels
         self._subtask_options: dict[str, Any] = {}
         self._placement = PlacementConfig()
         self._checkpoint_config = CheckpointConfig()
@@ -1174,14 +1170,27 @@ class StreamExecutionEnvironment:
         self,
         channel_capacity: int = 8,
         send_window: int = 8,
-        channel_bytes: int = DEFAULT_CHANNEL_BYTES,
+        channel_bytes: int | None = None,
     ) -> StreamExecutionEnvironment:
         """Backpressure bounds, per channel: messages buffered at the receiving subtask
         (``channel_capacity``), unacknowledged pushes of the sender (``send_window``), and
-        bytes of batches for each of the two (``channel_bytes``, 1 MiB by default; a
-        message bigger than that still goes, alone). What is in flight bounds how long an
-        aligned barrier waits behind data under backpressure."""
-        if channel_capacity < 1 or send_window < 1 or channel_bytes < 1:
+        bytes of batches for each of the two (``channel_bytes``; a message bigger than
+        that still goes, alone). What is in flight bounds how long an aligned barrier
+        waits behind data under backpressure.
+
+        ``channel_bytes`` None (the default) sizes each subtask's channels by their
+        count, like Flink's network memory: its input channels share 32 MiB, and so do
+        its output channels, each getting 1 to 16 MiB (16 MiB for up to two channels,
+        1 MiB from 32 on); a channel then sends messages of a quarter of that (1 to 4
+        MiB) unless :meth:`set_output_buffer_size` says otherwise."""
+        if channel_bytes is not None and (
+            isinstance(channel_bytes, bool) or not isinstance(channel_bytes, int)
+        ):
+            raise ValueError(
+                f"set_buffer_limits: channel_bytes must be an int or None, got {channel_bytes!r}"
+            )
+        too_small = channel_bytes is not None and channel_bytes < 1
+        if channel_capacity < 1 or send_window < 1 or too_small:
             raise ValueError("set_buffer_limits: every limit must be >= 1")
         self._channel_capacity = channel_capacity
         self._send_window = send_window
@@ -1216,7 +1225,9 @@ class StreamExecutionEnvironment:
 
     def set_output_buffer_size(self, size_bytes: int) -> StreamExecutionEnvironment:
         """An output channel sends what it holds once its batches reach ``size_bytes``
-        (1 MiB by default); the buffer timeout bounds how long they wait for that."""
+        (by default a quarter of the channel's bytes, 1 to 4 MiB: see
+        :meth:`set_buffer_limits`); the buffer timeout bounds how long they wait for
+        that."""
         if isinstance(size_bytes, bool) or not isinstance(size_bytes, int) or size_bytes < 1:
             raise ValueError(
                 f"set_output_buffer_size: size_bytes must be an int >= 1, got {size_bytes!r}"
@@ -1224,7 +1235,8 @@ class StreamExecutionEnvironment:
         self._buffer_bytes = size_bytes
         return self
 
-    def get_output_buffer_size(self) -> int:
+    def get_output_buffer_size(self) -> int | None:
+        """The size set by :meth:`set_output_buffer_size`; None: sized per channel."""
         return self._buffer_bytes
 
     def set_latency_tracking_interval(self, interval_ms: int) -> StreamExecutionEnvironment:

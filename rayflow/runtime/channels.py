@@ -68,11 +68,40 @@ CONTROL = -1
 #: The longest time written data waits in an output channel by default (Flink's
 #: ``execution.buffer-timeout``); 0 sends every batch at once.
 DEFAULT_BUFFER_TIMEOUT_MS = 100
-#: An output channel sends what it holds once its batches reach this many bytes.
+#: An output channel sends what it holds once its batches reach this many bytes: the
+#: size of a channel built without one, and the least a job's channels are given.
 DEFAULT_BUFFER_BYTES = 1 << 20
 #: Per channel, the most bytes of batches buffered at the receiver, and the most in
-#: flight from the sender (a bigger message still goes, alone).
+#: flight from the sender (a bigger message still goes, alone): the size of a channel
+#: built without one, and the least a job's channels are given.
 DEFAULT_CHANNEL_BYTES = 1 << 20
+#: What a subtask's input channels share, and what its output channels share, unless
+#: the job sets a size per channel (Flink's network memory, per subtask): a subtask with
+#: few channels gives each up to :data:`MAX_CHANNEL_BYTES`, one with many at least
+#: :data:`DEFAULT_CHANNEL_BYTES` (see :func:`channel_bytes_for`).
+NETWORK_BYTES = 32 << 20
+#: The most bytes of one channel sized by :func:`channel_bytes_for`.
+MAX_CHANNEL_BYTES = 16 << 20
+#: The most bytes of one message sized by :func:`buffer_bytes_for`.
+MAX_BUFFER_BYTES = 4 << 20
+
+
+def channel_bytes_for(channels: int) -> int:
+    """Bytes per channel for a subtask with ``channels`` input (or output) channels: an
+    even share of :data:`NETWORK_BYTES`, within [1 MiB, :data:`MAX_CHANNEL_BYTES`].
+    Several messages in flight per channel keep the sender busy while the receiver
+    works (a channel with room for one message waits a whole turn for each)."""
+    share = NETWORK_BYTES // max(1, channels)
+    return max(DEFAULT_CHANNEL_BYTES, min(MAX_CHANNEL_BYTES, share))
+
+
+def buffer_bytes_for(window_bytes: int) -> int:
+    """The size at which a channel with ``window_bytes`` in flight sends what it holds: a
+    quarter of the window (four messages in flight), within [1 MiB,
+    :data:`MAX_BUFFER_BYTES`]. Bigger messages cost fewer calls per byte: through Ray's
+    object store a call costs ~4.5 ms plus ~0.4 ms per MB, inline ~1.5 ms plus ~2 ms per
+    MB (``benchmarks/RESULTS.md``, Transport)."""
+    return max(DEFAULT_BUFFER_BYTES, min(MAX_BUFFER_BYTES, window_bytes // 4))
 
 
 def message_bytes(message: Any) -> int:

@@ -17,6 +17,7 @@ from rayflow.checkpoint.coordinator import CompletedCheckpoint
 from rayflow.checkpoint.storage import CheckpointStorage
 from rayflow.plan.partitioners import PartitionKind
 from rayflow.plan.physical import JobGraph, VertexSpec
+from rayflow.runtime.channels import buffer_bytes_for, channel_bytes_for
 from rayflow.runtime.restore import assign_source_splits, state_handles
 from rayflow.runtime.settings import JobSettings
 from rayflow.runtime.subtask import OutputDeployment, SubtaskDeployment
@@ -98,12 +99,17 @@ class Deployer:
             if vertex.is_source
             else None
         )
+        inputs = len(self.graph.input_channels(vertex.vertex_id, index))
+        gate_bytes = settings.channel_bytes or channel_bytes_for(inputs)
+        send_bytes = settings.channel_bytes or channel_bytes_for(
+            sum(len(o.receivers) for o in outputs)
+        )
         return SubtaskDeployment(
             job_name=settings.job_name,
             vertex=vertex,
             index=index,
             attempt=attempt,
-            num_input_channels=len(self.graph.input_channels(vertex.vertex_id, index)),
+            num_input_channels=inputs,
             outputs=outputs,
             source_splits=splits[index] if splits else [],
             channel_capacity=settings.channel_capacity,
@@ -122,8 +128,9 @@ class Deployer:
             run_id=settings.run_id,
             latency_tracking_interval_ms=settings.latency_tracking_interval_ms,
             buffer_timeout_s=settings.buffer_timeout_ms / 1000.0,
-            buffer_bytes=settings.buffer_bytes,
+            buffer_bytes=settings.buffer_bytes or buffer_bytes_for(send_bytes),
             object_reuse=settings.object_reuse,
-            channel_bytes=settings.channel_bytes,
+            channel_bytes=gate_bytes,
+            send_bytes=send_bytes,
             failure_classifier=settings.failure_classifier,
         )

@@ -10,11 +10,7 @@ from typing import Any
 from rayflow.checkpoint.metadata import CheckpointMetadata
 from rayflow.checkpoint.storage import CheckpointStorage
 from rayflow.config import CheckpointConfig, RestartStrategy, default_restart_strategy
-from rayflow.runtime.channels import (
-    DEFAULT_BUFFER_BYTES,
-    DEFAULT_BUFFER_TIMEOUT_MS,
-    DEFAULT_CHANNEL_BYTES,
-)
+from rayflow.runtime.channels import DEFAULT_BUFFER_TIMEOUT_MS
 from rayflow.runtime.hooks import RuntimeHooks
 from rayflow.runtime.latency import DEFAULT_LATENCY_TRACKING_INTERVAL_MS
 from rayflow.runtime.placement import PlacementConfig
@@ -33,13 +29,15 @@ class JobSettings:
     #: sources send a latency marker this often (0: never)
     latency_tracking_interval_ms: int = DEFAULT_LATENCY_TRACKING_INTERVAL_MS
     #: output buffering: how long written data may wait in an output channel (0: sent at
-    #: once), and the bytes at which a channel sends what it holds
+    #: once), and the bytes at which a channel sends what it holds (None: sized by its
+    #: channel's bytes, ``channels.buffer_bytes_for``)
     buffer_timeout_ms: int = DEFAULT_BUFFER_TIMEOUT_MS
-    buffer_bytes: int = DEFAULT_BUFFER_BYTES
+    buffer_bytes: int | None = None
     #: per-record operators do not copy what they emit (``ExecutionConfig``)
     object_reuse: bool = False
-    #: per channel, the most bytes of batches buffered at the receiver / in flight
-    channel_bytes: int = DEFAULT_CHANNEL_BYTES
+    #: per channel, the most bytes of batches buffered at the receiver / in flight (None:
+    #: sized by each subtask's count of channels, ``channels.channel_bytes_for``)
+    channel_bytes: int | None = None
     #: buffer debloating's target (ms): the time in which a subtask drains its in-flight
     #: input; None when debloating is off
     debloat_target_ms: int | None = None

@@ -147,8 +147,10 @@ class SubtaskDeployment:
     #: every batch is sent at once) and the size at which a channel sends what it holds
     buffer_timeout_s: float = DEFAULT_BUFFER_TIMEOUT_MS / 1000.0
     buffer_bytes: int = DEFAULT_BUFFER_BYTES
-    #: per channel, the most bytes of batches buffered at the receiver / in flight
+    #: per input channel, the most bytes of batches buffered here
     channel_bytes: int = DEFAULT_CHANNEL_BYTES
+    #: per output channel, the most bytes of batches in flight from here
+    send_bytes: int = DEFAULT_CHANNEL_BYTES
     #: the job's failure classifier (``rayflow.recoverability``), None: the default rules
     failure_classifier: Any = None
     object_reuse: bool = False
@@ -369,7 +371,7 @@ class Subtask:
                 debloating,
                 buffer_bytes,
                 self._start_buffer_timeout,
-                deployment.channel_bytes,
+                deployment.send_bytes,
                 eager,
             )
             for o in deployment.outputs

@@ -87,3 +87,50 @@ def test_a_deployment_carries_its_run_attempt_splits_state_and_hooks():
     assert deployer.deployment(summing, 1, 4, restore, outputs=[]).hooks is None
     fresh = deployer.deployment(source, 0, 0, None, outputs=[])
     assert [s.split_id for s in fresh.source_splits] == ["numbers-0"] and fresh.restore == []
+
+
+def _wide_graph(senders: int, receivers: int):
+    env = StreamExecutionEnvironment.get_execution_environment()
+    (
+        env.from_source(NumberSequenceSource(0, 99), "numbers")
+        .set_parallelism(senders)
+        .key_by("value")
+        .sum("value", name="sum")
+        .set_parallelism(receivers)
+        .sink_to(CollectSink(), name="out")
+        .set_parallelism(receivers)
+    )
+    graph = env.get_job_graph()
+    source = next(v for v in graph.vertices.values() if v.is_source)
+    summing = next(v for v in graph.vertices.values() if not v.is_source)
+    return graph, source, summing
+
+
+def _sizes(senders: int, receivers: int, settings: JobSettings):
+    """(send bytes, message bytes) of a source subtask, gate bytes of a summing one."""
+    graph, source, summing = _wide_graph(senders, receivers)
+    deployer = Deployer(graph, settings, None)
+    actors = {(summing.vertex_id, r): f"handle-{r}" for r in range(receivers)}
+    sending = deployer.deployment(source, 0, 0, None, deployer.outputs(source, 0, actors))
+    receiving = deployer.deployment(summing, 0, 0, None, outputs=[])
+    return sending.send_bytes, sending.buffer_bytes, receiving.channel_bytes
+
+
+def test_channels_share_a_subtasks_network_bytes_by_default():
+    """A subtask's output channels share 32 MiB, and so do its input channels: up to 16
+    MiB each for few channels (several 4 MiB messages in flight), never under 1 MiB."""
+    MiB = 1 << 20
+    settings = JobSettings("job", run_id="run-x")
+    assert _sizes(1, 1, settings) == (16 * MiB, 4 * MiB, 16 * MiB)
+    assert _sizes(2, 2, settings) == (16 * MiB, 4 * MiB, 16 * MiB)
+    assert _sizes(4, 8, settings) == (4 * MiB, 1 * MiB, 8 * MiB)  # 8 out, 4 in
+    assert _sizes(64, 64, settings) == (1 * MiB, 1 * MiB, 1 * MiB)
+
+
+def test_sizes_a_job_sets_are_taken_as_they_are():
+    settings = JobSettings("job", run_id="run-x", channel_bytes=300, buffer_bytes=5000)
+    assert _sizes(1, 1, settings) == (300, 5000, 300)
+    assert _sizes(64, 64, settings) == (300, 5000, 300)
+    # a channel size alone: messages of a quarter of it, at least 1 MiB
+    settings = JobSettings("job", run_id="run-x", channel_bytes=8 << 20)
+    assert _sizes(1, 1, settings) == (8 << 20, 2 << 20, 8 << 20)

@@ -232,6 +232,14 @@ def test_buffer_settings_reach_every_subtask_and_bad_values_name_the_option():
         env.set_output_buffer_size(0)
     with pytest.raises(ValueError, match="set_buffer_limits"):
         env.set_buffer_limits(8, 8, 0)
+    with pytest.raises(ValueError, match="set_buffer_limits: channel_bytes"):
+        env.set_buffer_limits(8, 8, 2.5)
+
+
+def test_the_message_size_is_automatic_until_a_job_sets_it():
+    env = StreamExecutionEnvironment.get_execution_environment()
+    assert env.get_output_buffer_size() is None  # sized per channel (test_deployer)
+    assert env.set_output_buffer_size(4096).get_output_buffer_size() == 4096
 
 
 def test_a_bundle_holds_at_most_a_window_of_items_and_the_gate_counts_items():
