@@ -145,3 +145,43 @@ def test_the_inprocess_job_gives_its_senders_the_channel_bytes_it_is_configured_
 
     windows = run(go())
     assert windows and all(w == 200 for w in windows), windows
+
+
+class _Busy:
+    """A receiving subtask busy with what it has: no push is acknowledged."""
+
+    class _Push:
+        def remote(self, *args):
+            return asyncio.get_running_loop().create_future()
+
+    push = _Push()
+
+
+async def _write_all(ch: OutputChannel, batch: pa.RecordBatch) -> None:
+    for _ in range(64):
+        await ch.write(batch)
+
+
+def test_a_channel_sized_for_four_messages_keeps_four_in_flight_with_default_batches():
+    """README (set_buffer_limits): "a channel keeps about four messages in flight, so the
+    sender works while the receiver does" -- a 16 MiB window and 4 MiB messages. The
+    window is also 8 items (``send_window``) and a bundle of a source's default ~1 MiB
+    batches holds 4 of them: two messages fit in 8 items, so the window's bytes are never
+    reached and half of it goes unused."""
+    sending, receiving = _fan_in(1, JobSettings("job", run_id="run-x"))
+    (d,) = sending
+    rows = DEFAULT_BATCH_BYTES // 8
+    one = pa.record_batch([pa.array(range(rows), pa.int64())], ["value"])
+
+    async def go() -> OutputChannel:
+        ch = OutputChannel(_Busy(), 0, 0, d.send_window, False, d.buffer_bytes, d.send_bytes)
+        writing = asyncio.ensure_future(_write_all(ch, one))
+        await asyncio.sleep(0.05)  # the receiver is busy: the writer now waits for it
+        assert not writing.done()
+        writing.cancel()
+        await asyncio.gather(writing, return_exceptions=True)
+        return ch
+
+    ch = run(go())
+    assert (d.send_bytes, d.buffer_bytes) == (16 * MiB, 4 * MiB)
+    assert ch.max_in_flight >= 4, f"{ch.max_in_flight} messages in flight"
