@@ -168,7 +168,7 @@ def test_a_channel_sized_for_four_messages_keeps_four_in_flight_with_default_bat
     window is also 8 items (``send_window``) and a bundle of a source's default ~1 MiB
     batches holds 4 of them: two messages fit in 8 items, so the window's bytes are never
     reached and half of it goes unused."""
-    sending, receiving = _fan_in(1, JobSettings("job", run_id="run-x"))
+    sending, _ = _fan_in(1, JobSettings("job", run_id="run-x"))
     (d,) = sending
     rows = DEFAULT_BATCH_BYTES // 8
     one = pa.record_batch([pa.array(range(rows), pa.int64())], ["value"])
