@@ -51,10 +51,7 @@ class Deployer:
         for edge_id in vertex.out_edges:
             edge = graph.edges[edge_id]
             target = graph.vertices[edge.target_vertex]
-            if edge.partitioner.kind is PartitionKind.FORWARD:
-                receivers = [index]
-            else:
-                receivers = list(range(target.parallelism))
+            receivers = self._receivers(edge.partitioner.kind, index, target)
             outputs.append(
                 OutputDeployment(
                     partitioner=edge.partitioner,
@@ -83,6 +80,28 @@ class Deployer:
             self._fresh_splits[vertex.vertex_id] = splits
         return [copy.copy(s) for s in self._fresh_splits[vertex.vertex_id]]
 
+    def _send_bytes(self, vertex: VertexSpec, index: int) -> int:
+        """The automatic window of each output channel of subtask ``index``: its share of
+        what its output channels get, and never more than any of its receivers buffers
+        per input channel (a sender with one output feeding a receiver with many inputs
+        would otherwise keep more in flight there than the receiver was sized for: what
+        its gate does not admit waits in the receiver's process all the same)."""
+        graph = self.graph
+        channels = 0
+        windows = []
+        for edge_id in vertex.out_edges:
+            edge = graph.edges[edge_id]
+            target = graph.vertices[edge.target_vertex]
+            for r in self._receivers(edge.partitioner.kind, index, target):
+                channels += 1
+                windows.append(channel_bytes_for(len(graph.input_channels(target.vertex_id, r))))
+        return min([channel_bytes_for(channels), *windows])
+
+    @staticmethod
+    def _receivers(kind: PartitionKind, index: int, target: VertexSpec) -> list[int]:
+        """The subtasks of ``target`` that subtask ``index`` sends to over an edge."""
+        return [index] if kind is PartitionKind.FORWARD else list(range(target.parallelism))
+
     def deployment(
         self,
         vertex: VertexSpec,
@@ -101,9 +120,7 @@ class Deployer:
         )
         inputs = len(self.graph.input_channels(vertex.vertex_id, index))
         gate_bytes = settings.channel_bytes or channel_bytes_for(inputs)
-        send_bytes = settings.channel_bytes or channel_bytes_for(
-            sum(len(o.receivers) for o in outputs)
-        )
+        send_bytes = settings.channel_bytes or self._send_bytes(vertex, index)
         return SubtaskDeployment(
             job_name=settings.job_name,
             vertex=vertex,

@@ -205,6 +205,7 @@ class Job:
             buffer_timeout_s=c.buffer_timeout_s,
             buffer_bytes=c.buffer_bytes,
             channel_bytes=c.channel_bytes,
+            send_bytes=c.channel_bytes,
         )
 
     async def deploy(self, restore_from: int | None = None, reuse: bool = False) -> None:
