@@ -37,29 +37,17 @@ def test_a_subtask_killed_before_notify_is_dead_before_the_notification_is_sent(
     master sends next can reach the subtask first (it then commits what the schedule
     meant to leave for the restored attempt)."""
     import ray
-    from ray.exceptions import RayActorError
 
     from rayflow.testing import MasterFaults
 
-    @ray.remote(max_restarts=0)
-    class Committer:
-        async def notify(self, checkpoint_id: int) -> int:
-            return checkpoint_id
-
     for round_ in range(3):
-        actor = Committer.remote()
+        actor = _committer()
         assert ray.get(actor.notify.remote(0)) == 0
         hooks = MasterFaults([Fault(FaultPoint.BEFORE_NOTIFY, vertex="committed", checkpoint=2)])
         assert hooks.at(FaultPoint.BEFORE_NOTIFY, 1, {("Sum -> committed", 0): actor})
         assert ray.get(actor.notify.remote(1)) == 1  # not its checkpoint: no kill
-        with _gcs_paused(1.0):  # the kill travels through the GCS: slow there
-            hooks.at(FaultPoint.BEFORE_NOTIFY, 2, {("Sum -> committed", 0): actor})
-            notified = actor.notify.remote(2)
-        try:
-            answer = ray.get(notified, timeout=60)
-        except RayActorError:
-            continue
-        raise AssertionError(f"round {round_}: the killed subtask took the notification: {answer}")
+        answer = _answer_after_the_hook(hooks, FaultPoint.BEFORE_NOTIFY, 2, actor, 1.0)
+        assert answer is None, f"round {round_}: the killed subtask took notification {answer}"
 
 
 def test_a_subtask_killed_during_the_commit_point_is_dead_before_the_notification_is_sent():
@@ -70,7 +58,6 @@ def test_a_subtask_killed_during_the_commit_point_is_dead_before_the_notificatio
     the schedule leaves for the restored attempt: the BEFORE_NOTIFY race, one step
     earlier. ``seconds`` (the commit point outlives the death) is a sleep, not a wait."""
     import ray
-    from ray.exceptions import RayActorError
 
     from rayflow.testing import MasterFaults
 
@@ -81,14 +68,9 @@ def test_a_subtask_killed_during_the_commit_point_is_dead_before_the_notificatio
             FaultPoint.DURING_COMMIT_POINT, vertex="committed", checkpoint=2, seconds=seconds
         )
         hooks = MasterFaults([fault])
-        with _gcs_paused(seconds + 1.0):  # the kill travels through the GCS: slow there
-            hooks.at(FaultPoint.DURING_COMMIT_POINT, 2, {("Sum -> committed", 0): actor})
-            notified = actor.notify.remote(2)
-        try:
-            answer = ray.get(notified, timeout=60)
-        except RayActorError:
-            continue
-        raise AssertionError(f"seconds={seconds}: the killed subtask took notification {answer}")
+        point = FaultPoint.DURING_COMMIT_POINT
+        answer = _answer_after_the_hook(hooks, point, 2, actor, seconds + 1.0)
+        assert answer is None, f"seconds={seconds}: the killed subtask took notification {answer}"
 
 
 def test_a_kept_subtask_killed_during_the_restart_delay_is_dead_before_it_is_redeployed():
@@ -97,21 +79,35 @@ def test_a_kept_subtask_killed_during_the_restart_delay_is_dead_before_it_is_red
     (it takes the redeploy and dies in the next attempt: a second restart the schedule
     did not mean, see tests/chaos/test_fencing.py's restart-delay schedule)."""
     import ray
-    from ray.exceptions import RayActorError
 
     from rayflow.testing import MasterFaults
 
     actor = _committer()
     assert ray.get(actor.notify.remote(0)) == 0
     hooks = MasterFaults([Fault(FaultPoint.DURING_RESTART_DELAY, vertex="running-sum", subtask=1)])
-    with _gcs_paused(1.0):
-        hooks.at(FaultPoint.DURING_RESTART_DELAY, 0, {("running-sum", 1): actor})
-        redeployed = actor.notify.remote(1)  # the redeploy, after a short restart delay
+    # the job master's call after the delay (a redeploy), stood in for by a notification
+    answer = _answer_after_the_hook(
+        hooks, FaultPoint.DURING_RESTART_DELAY, 0, actor, 1.0, name="running-sum", index=1
+    )
+    assert answer is None, f"the killed kept subtask took the redeploy: {answer}"
+
+
+def _answer_after_the_hook(
+    hooks, point, checkpoint: int, actor, pause_s: float, name="Sum -> committed", index=0
+):
+    """Run the job master's hook at ``point`` while the GCS is paused for ``pause_s`` (the
+    kill travels through it: slow there), call ``actor`` right after it returns, as the job
+    master's next step does; the answer, or None when the actor was dead by then."""
+    import ray
+    from ray.exceptions import RayActorError
+
+    with _gcs_paused(pause_s):
+        hooks.at(point, checkpoint, {(name, index): actor})
+        called = actor.notify.remote(checkpoint)
     try:
-        answer = ray.get(redeployed, timeout=60)
+        return ray.get(called, timeout=60)
     except RayActorError:
-        return
-    raise AssertionError(f"the killed kept subtask took the redeploy: {answer}")
+        return None
 
 
 def _committer():

@@ -16,33 +16,20 @@ import asyncio
 import pyarrow as pa
 import pytest
 
-from rayflow import NumberSequenceSource, StreamExecutionEnvironment
 from rayflow.runtime.channels import InputGate, OutputChannel, message_bytes
 from rayflow.runtime.deployer import Deployer
 from rayflow.runtime.settings import JobSettings
 from rayflow.sources import DEFAULT_BATCH_BYTES
-from sinks.basic import CollectSink
 from tests.unit.inprocess_job import Config, Job
 from tests.unit.test_debloat import FakeReceiver, run
+from tests.unit.test_deployer import _wide_graph
 
 MiB = 1 << 20
 
 
 def _fan_in(senders: int, settings: JobSettings):
     """Deployments of ``senders`` source subtasks feeding one keyed sum."""
-    env = StreamExecutionEnvironment.get_execution_environment()
-    (
-        env.from_source(NumberSequenceSource(0, 99), "numbers")
-        .set_parallelism(senders)
-        .key_by("value")
-        .sum("value", name="sum")
-        .set_parallelism(1)
-        .sink_to(CollectSink(), name="out")
-        .set_parallelism(1)
-    )
-    graph = env.get_job_graph()
-    source = next(v for v in graph.vertices.values() if v.is_source)
-    summing = next(v for v in graph.vertices.values() if not v.is_source)
+    graph, source, summing = _wide_graph(senders, 1)
     deployer = Deployer(graph, settings, None)
     actors = {(summing.vertex_id, 0): "handle-0"}
     sending = [
