@@ -1179,7 +1179,8 @@ class StreamExecutionEnvironment:
         waits behind data under backpressure.
 
         ``channel_bytes`` None (the default) sizes each subtask's channels by their
-        count, like Flink's network memory: its input channels share 32 MiB, and so do
+        count, like Flink's network memory, when the buffer timeout is 100 ms or more
+        (a lower one asks for latency: every channel and message stays at 1 MiB): its input channels share 32 MiB, and so do
         its output channels, each getting 1 to 16 MiB (16 MiB for up to two channels,
         1 MiB from 32 on; an output channel never more than its receiver buffers per
         input channel); a channel then sends messages of a quarter of that (1 to 4 MiB)

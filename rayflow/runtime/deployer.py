@@ -17,7 +17,12 @@ from rayflow.checkpoint.coordinator import CompletedCheckpoint
 from rayflow.checkpoint.storage import CheckpointStorage
 from rayflow.plan.partitioners import PartitionKind
 from rayflow.plan.physical import JobGraph, VertexSpec
-from rayflow.runtime.channels import buffer_bytes_for, channel_bytes_for
+from rayflow.runtime.channels import (
+    DEFAULT_BUFFER_TIMEOUT_MS,
+    DEFAULT_CHANNEL_BYTES,
+    buffer_bytes_for,
+    channel_bytes_for,
+)
 from rayflow.runtime.restore import assign_source_splits, state_handles
 from rayflow.runtime.settings import JobSettings
 from rayflow.runtime.subtask import OutputDeployment, SubtaskDeployment
@@ -119,8 +124,15 @@ class Deployer:
             else None
         )
         inputs = len(self.graph.input_channels(vertex.vertex_id, index))
-        gate_bytes = settings.channel_bytes or channel_bytes_for(inputs)
-        send_bytes = settings.channel_bytes or self._send_bytes(vertex, index)
+        # A buffer timeout under the default asks for latency: what waits in flight in
+        # front of each record stays as small as it was (1 MiB channels and messages)
+        sized = settings.buffer_timeout_ms >= DEFAULT_BUFFER_TIMEOUT_MS
+        gate_bytes = settings.channel_bytes or (
+            channel_bytes_for(inputs) if sized else DEFAULT_CHANNEL_BYTES
+        )
+        send_bytes = settings.channel_bytes or (
+            self._send_bytes(vertex, index) if sized else DEFAULT_CHANNEL_BYTES
+        )
         return SubtaskDeployment(
             job_name=settings.job_name,
             vertex=vertex,

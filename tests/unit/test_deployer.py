@@ -127,6 +127,18 @@ def test_channels_share_a_subtasks_network_bytes_by_default():
     assert _sizes(64, 64, settings) == (1 * MiB, 1 * MiB, 1 * MiB)
 
 
+def test_a_buffer_timeout_under_the_default_keeps_1_mib_channels_and_messages():
+    """A job that asks for latency (a buffer timeout under 100 ms) keeps what waits in
+    flight in front of each record as small as before: bigger channels raised the p99
+    of latency markers at timeouts 0 and 10 ms (benchmarks/RESULTS.md)."""
+    MiB = 1 << 20
+    for timeout in (0, 10, 99):
+        settings = JobSettings("job", run_id="run-x", buffer_timeout_ms=timeout)
+        assert _sizes(1, 1, settings) == (MiB, MiB, MiB), timeout
+    settings = JobSettings("job", run_id="run-x", buffer_timeout_ms=10, channel_bytes=8 * MiB)
+    assert _sizes(1, 1, settings) == (8 * MiB, 2 * MiB, 8 * MiB)  # set by the job: as it is
+
+
 def test_sizes_a_job_sets_are_taken_as_they_are():
     settings = JobSettings("job", run_id="run-x", channel_bytes=300, buffer_bytes=5000)
     assert _sizes(1, 1, settings) == (300, 5000, 300)
