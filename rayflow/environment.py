@@ -1180,11 +1180,12 @@ class StreamExecutionEnvironment:
 
         ``channel_bytes`` None (the default) sizes each subtask's channels by their
         count, like Flink's network memory, when the buffer timeout is 100 ms or more
-        (a lower one asks for latency: every channel and message stays at 1 MiB): its input channels share 32 MiB, and so do
-        its output channels, each getting 1 to 16 MiB (16 MiB for up to two channels,
-        1 MiB from 32 on; an output channel never more than its receiver buffers per
-        input channel); a channel then sends messages of a quarter of that (1 to 4 MiB)
-        unless :meth:`set_output_buffer_size` says otherwise."""
+        (a lower one asks for latency: every channel and message stays at 1 MiB): its
+        input channels share 32 MiB, and so do its output channels, each getting 1 to 16
+        MiB (16 MiB for up to two channels, 1 MiB from 32 on; an output channel never
+        more than its receiver buffers per input channel); a channel then sends messages
+        of a quarter of that (1 to 4 MiB) unless :meth:`set_output_buffer_size` says
+        otherwise."""
         if channel_bytes is not None and (
             isinstance(channel_bytes, bool) or not isinstance(channel_bytes, int)
         ):
