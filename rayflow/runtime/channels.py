@@ -97,7 +97,8 @@ def channel_bytes_for(channels: int) -> int:
 
 def buffer_bytes_for(window_bytes: int) -> int:
     """The size at which a channel with ``window_bytes`` in flight sends what it holds: a
-    quarter of the window (four messages in flight), within [1 MiB,
+    quarter of the window (several messages in flight, as far as the channel's window
+    of batches, ``send_window``, allows), within [1 MiB,
     :data:`MAX_BUFFER_BYTES`]. Bigger messages cost fewer calls per byte: through Ray's
     object store a call costs ~4.5 ms plus ~0.4 ms per MB, inline ~1.5 ms plus ~2 ms per
     MB (``benchmarks/RESULTS.md``, Transport)."""
