@@ -18,6 +18,8 @@ Contract, for every operator (called only from the subtask's mailbox loop):
 
 Per-record functions convert a batch to dicts and back (:mod:`rayflow.runtime.records`),
 which keeps each operator's output in one schema and names records that are not dicts;
+a big batch is converted a slice at a time, its records kept in the CPU's caches, and
+leaves as one batch;
 ``map_batches`` and the built-in keyed aggregations stay vectorized.
 """
 
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from functools import wraps
 from itertools import repeat
 from operator import itemgetter
 from typing import Any
@@ -178,8 +181,51 @@ class _UserFunctionOperator(Operator):
             return None
         return record_copier(self._out.schema)
 
+    def _slices(self) -> bool:
+        """Whether a batch may be processed in slices (:func:`_in_slices`): once the
+        output's schema is declared, or taken from a batch and free of null types (a
+        key seen only as None, which a whole batch might have typed)."""
+        return self._out.settled
+
     def close(self) -> None:
         _call_close(self.function)
+
+
+#: Values (rows x columns) a per-record operator turns into Python records at a time.
+#: A source's 1 MiB batch is 131072 rows of one int64 column: its records, their
+#: copies and the output lists are tens of MB, far past the CPU's caches, and every
+#: record then costs about a third more than in a slice of 8192 rows of two columns
+#: (``benchmarks/per_record.py``).
+SLICE_VALUES = 16_384
+#: ... and never fewer rows than this at a time (wide records).
+MIN_SLICE_ROWS = 1024
+
+
+def slice_rows(batch: pa.RecordBatch) -> int:
+    """Rows of ``batch`` a per-record operator takes at a time."""
+    return max(MIN_SLICE_ROWS, SLICE_VALUES // max(1, batch.num_columns))
+
+
+def _in_slices(
+    process: Callable[[Any, pa.RecordBatch], list[pa.RecordBatch]],
+) -> Callable[[Any, pa.RecordBatch], list[pa.RecordBatch]]:
+    """``process`` run on consecutive slices of a big batch (records in order, their
+    outputs in order, one batch or none per slice) once the operator's output schema
+    is settled: until then a whole batch infers it, as it always did."""
+
+    @wraps(process)
+    def in_slices(self: Any, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
+        rows = batch.num_rows
+        step = slice_rows(batch)
+        if rows <= step or not self._slices():
+            return process(self, batch)
+        out: list[pa.RecordBatch] = []
+        for offset in range(0, rows, step):
+            out.extend(process(self, batch.slice(offset, step)))
+        # one batch again: what goes downstream does not depend on how it was processed
+        return [pa.concat_batches(out)] if len(out) > 1 else out
+
+    return in_slices
 
 
 def _stopped(what: str, part: str = "function") -> RuntimeError:
@@ -218,6 +264,7 @@ class MapOperator(_UserFunctionOperator):
         self._call = fn.map if isinstance(fn, MapFunction) else fn
         self._out = self._output()
 
+    @_in_slices
     def process(self, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
         batch, timestamps = split_timestamps(batch)
         # the function may return a dict it keeps and changes: each is copied as returned
@@ -238,6 +285,7 @@ class FlatMapOperator(_UserFunctionOperator):
         self._call = fn.flat_map if isinstance(fn, FlatMapFunction) else fn
         self._out = self._output()
 
+    @_in_slices
     def process(self, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
         call = self._call
         batch, timestamps = split_timestamps(batch)
@@ -265,11 +313,15 @@ class FlatMapOperator(_UserFunctionOperator):
 
 
 class FilterOperator(_UserFunctionOperator):
+    def _slices(self) -> bool:
+        return True  # the records out are the input's rows
+
     def open(self, context: OperatorContext) -> None:
         super().open(context)
         fn = self.function
         self._call = fn.filter if isinstance(fn, FilterFunction) else fn
 
+    @_in_slices
     def process(self, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
         rows = batch_to_rows(without_timestamps(batch))
         kept_flags = list(map(bool, map(self._call, rows)))
@@ -366,6 +418,7 @@ class KeyedReduceOperator(_KeyedOperator):
         self._tables = self.backend.key_tables(self.STATE)
         self._out = self._output()
 
+    @_in_slices
     def process(self, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
         if not batch.num_rows:
             return []
@@ -440,6 +493,7 @@ class KeyedProcessOperator(_KeyedOperator):
         super().restore_state(snapshots)
         self.timers.restored()
 
+    @_in_slices
     def process(self, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
         batch, timestamps = split_timestamps(batch)
         rows, keys = self._rows_and_keys(batch)

@@ -138,6 +138,9 @@ class OutputRecords:
         self.declared = schema is not None
         #: the schema every batch this operator emits has (None until the first one)
         self.schema: pa.Schema | None = schema
+        #: the schema is declared, or was taken from a batch and holds no null type: a
+        #: batch's records may then be built in parts with the same result
+        self.settled = self.declared
         self._names: tuple[Any, ...] = ()
         self._getters: list[Callable[[Any], Any]] = []
         self._types: list[pa.DataType | None] = []
@@ -157,6 +160,7 @@ class OutputRecords:
         schema = self.schema
         if schema is None:
             self.schema = batch.schema
+            self.settled = not any(_holds_null_type(t) for t in batch.schema.types)
             self._names = ()  # convert to its types from now on
             return [batch]
         if batch.schema.equals(schema):
