@@ -141,6 +141,10 @@ class OutputRecords:
         #: the schema is declared, or was taken from a batch and holds no null type: a
         #: batch's records may then be built in parts with the same result
         self.settled = self.declared
+        #: a declared schema with metadata: a batch whose columns fit it takes it too
+        self._metadata = schema is not None and (
+            bool(schema.metadata) or any(field.metadata for field in schema)
+        )
         self._names: tuple[Any, ...] = ()
         self._getters: list[Callable[[Any], Any]] = []
         self._types: list[pa.DataType | None] = []
@@ -163,7 +167,9 @@ class OutputRecords:
             self.settled = not any(_holds_null_type(t) for t in batch.schema.types)
             self._names = ()  # convert to its types from now on
             return [batch]
-        if batch.schema.equals(schema):
+        if batch.schema.equals(schema):  # metadata aside
+            if self._metadata:
+                batch = pa.RecordBatch.from_arrays(batch.columns, schema=schema)
             return [batch]
         return [self._conform(batch, rows)]
 

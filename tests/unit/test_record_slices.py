@@ -156,3 +156,17 @@ def test_keyed_state_after_a_sliced_batch_is_what_record_by_record_gives() -> No
     total = ROWS + 17
     expect = {k: sum(v for v in range(total) if v % 7 == k) for k in range(7)}
     assert {r["key"]: r["value"] for r in out.to_pylist()} == expect
+
+
+def test_a_declared_schema_s_metadata_is_on_every_batch_however_it_was_built() -> None:
+    """The first slice held only None (its batch is conformed to the declared schema), the
+    others values: the batch out has the declared schema, metadata and all, as one built
+    whole has."""
+    output_type = pa.schema(
+        [pa.field("x", pa.int64(), metadata={"unit": "ms"})], metadata={"source": "test"}
+    )
+    op = opened(MapOperator(lambda r: {"x": None if r["value"] % ROWS < 9000 else 1}, output_type))
+    small = op.process(numbers(10, start=9000))
+    big = op.process(numbers())
+    for (out,) in (small, big):
+        assert out.schema.equals(output_type, check_metadata=True)
