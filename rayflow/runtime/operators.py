@@ -181,12 +181,6 @@ class _UserFunctionOperator(Operator):
             return None
         return record_copier(self._out.schema)
 
-    def _slices(self) -> bool:
-        """Whether a batch may be processed in slices (:func:`_in_slices`): once the
-        output's schema is declared, or taken from a batch and free of null types (a
-        key seen only as None, which a whole batch might have typed)."""
-        return self._out.settled
-
     def close(self) -> None:
         _call_close(self.function)
 
@@ -206,26 +200,96 @@ def slice_rows(batch: pa.RecordBatch) -> int:
     return max(MIN_SLICE_ROWS, SLICE_VALUES // max(1, batch.num_columns))
 
 
+def _join(batches: list[pa.RecordBatch]) -> pa.RecordBatch:
+    """``batches`` (of one schema) as one batch (``pa.concat_batches`` is in pyarrow 19 and
+    later)."""
+    concat = getattr(pa, "concat_batches", None)
+    if concat is not None:
+        return concat(batches)
+    return pa.Table.from_batches(batches).combine_chunks().to_batches()[0]
+
+
 def _in_slices(
     process: Callable[[Any, pa.RecordBatch], list[pa.RecordBatch]],
 ) -> Callable[[Any, pa.RecordBatch], list[pa.RecordBatch]]:
-    """``process`` run on consecutive slices of a big batch (records in order, their
-    outputs in order, one batch or none per slice) once the operator's output schema
-    is settled: until then a whole batch infers it, as it always did."""
+    """``process``, whose output is rows of its input (a filter's), run on consecutive
+    slices of a big batch; their outputs leave as one batch."""
 
     @wraps(process)
     def in_slices(self: Any, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
         rows = batch.num_rows
         step = slice_rows(batch)
-        if rows <= step or not self._slices():
+        if rows <= step:
             return process(self, batch)
         out: list[pa.RecordBatch] = []
         for offset in range(0, rows, step):
             out.extend(process(self, batch.slice(offset, step)))
-        # one batch again: what goes downstream does not depend on how it was processed
-        return [pa.concat_batches(out)] if len(out) > 1 else out
+        return [_join(out)] if len(out) > 1 else out
 
     return in_slices
+
+
+#: A per-record operator's records out for a batch, and their timestamps (None where the
+#: batch has none, or the operator emits none).
+Records = tuple[list[Any], list[int] | None]
+
+
+def _process_records(op: Any, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
+    """A per-record operator's ``process``: ``op._records(batch)`` calls its function on
+    each record and gathers what it emitted; the records are built into a batch of the
+    output's schema. Once that schema is settled a big batch's records are gathered and
+    built a slice at a time, and leave as one batch; until then a whole batch infers the
+    schema, as it always did.
+
+    The batch out is the one the whole batch's records build. Arrow types a column by the
+    values it sees together (a slice of only ints for a decimal column, or of only naive
+    datetimes for an aware one, is typed apart from the batch's first values), so where a
+    slice's records do not build, or the slices do not join, the batch is built whole
+    (:func:`_as_whole`): what the whole batch gives, batch or error, it gives."""
+    rows = batch.num_rows
+    step = slice_rows(batch)
+    if rows <= step or not op._out.settled:
+        records, stamps = op._records(batch)
+        return attach_timestamps(op._out.build(records), stamps)
+    out: list[pa.RecordBatch] = []
+    for offset in range(0, rows, step):
+        records, stamps = op._records(batch.slice(offset, step))
+        try:
+            out.extend(attach_timestamps(op._out.build(records), stamps))
+            continue
+        except Exception:  # noqa: BLE001 - the whole batch says what is wrong, if anything
+            pass
+        # (outside the except: an error of the whole batch is raised as its own)
+        rest = (op._records(batch.slice(at, step)) for at in range(offset + step, rows, step))
+        return _as_whole(op, out, [(records, stamps), *rest])
+    if len(out) <= 1:
+        return out
+    try:
+        return [_join(out)]
+    except pa.ArrowException:  # e.g. more distinct values than a dictionary's index counts
+        pass
+    return _as_whole(op, out, [])
+
+
+def _as_whole(op: Any, done: list[pa.RecordBatch], rest: Iterable[Records]) -> list[pa.RecordBatch]:
+    """The batch out built whole: the records of the slices already built (``done``, taken
+    back from their batches), then the records of the rest of the batch (gathered as they
+    are read, the function called on each record as the whole batch calls it)."""
+    rows: list[Any] = []
+    stamps: list[int] = []
+    timed = False
+    for batch in done:
+        batch, timestamps = split_timestamps(batch)
+        rows += batch_to_rows(batch)
+        if timestamps is not None:
+            timed = True
+            stamps += timestamps.to_pylist()
+    for records, more in rest:
+        rows += records
+        if more is not None:
+            timed = True
+            stamps += more
+    return attach_timestamps(op._out.build(rows), stamps if timed else None)
 
 
 def _stopped(what: str, part: str = "function") -> RuntimeError:
@@ -264,15 +328,16 @@ class MapOperator(_UserFunctionOperator):
         self._call = fn.map if isinstance(fn, MapFunction) else fn
         self._out = self._output()
 
-    @_in_slices
-    def process(self, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
+    def _records(self, batch: pa.RecordBatch) -> Records:
         batch, timestamps = split_timestamps(batch)
         # the function may return a dict it keeps and changes: each is copied as returned
         mapped = take_records(map(self._call, iter_columns(batch)[0]), self._copier())
         if len(mapped) != batch.num_rows:  # map() ended at a StopIteration the call raised
             raise _stopped(self._out.what)
-        out = self._out.build(mapped)
-        return out if timestamps is None else attach_timestamps(out, timestamps.to_pylist())
+        return mapped, None if timestamps is None else timestamps.to_pylist()
+
+    def process(self, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
+        return _process_records(self, batch)
 
 
 class FlatMapOperator(_UserFunctionOperator):
@@ -285,8 +350,7 @@ class FlatMapOperator(_UserFunctionOperator):
         self._call = fn.flat_map if isinstance(fn, FlatMapFunction) else fn
         self._out = self._output()
 
-    @_in_slices
-    def process(self, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
+    def _records(self, batch: pa.RecordBatch) -> Records:
         call = self._call
         batch, timestamps = split_timestamps(batch)
         out: list[dict[str, Any]] = []
@@ -309,13 +373,13 @@ class FlatMapOperator(_UserFunctionOperator):
             raise
         except StopIteration as exc:
             raise _stopped(self._out.what) from exc
-        return attach_timestamps(self._out.build(out), out_ts)
+        return out, out_ts
+
+    def process(self, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
+        return _process_records(self, batch)
 
 
 class FilterOperator(_UserFunctionOperator):
-    def _slices(self) -> bool:
-        return True  # the records out are the input's rows
-
     def open(self, context: OperatorContext) -> None:
         super().open(context)
         fn = self.function
@@ -418,10 +482,9 @@ class KeyedReduceOperator(_KeyedOperator):
         self._tables = self.backend.key_tables(self.STATE)
         self._out = self._output()
 
-    @_in_slices
-    def process(self, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
+    def _records(self, batch: pa.RecordBatch) -> Records:
         if not batch.num_rows:
-            return []
+            return [], None
         rows, keys = self._lazy_rows_and_keys(batch)
         backend, call, name = self.backend, self._call, self.STATE
         tables, table_of_key = self._tables, backend.table_of_key
@@ -456,7 +519,10 @@ class KeyedReduceOperator(_KeyedOperator):
                 raise RecordError(self._out.not_a_record(previous)) from exc
             raise
         backend.set_current_key(key)  # where setting it per record would have left it
-        return self._out.build(out)
+        return out, None
+
+    def process(self, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
+        return _process_records(self, batch)
 
 
 #: The token of a processing-time wake-up of a keyed operator's timers.
@@ -493,8 +559,7 @@ class KeyedProcessOperator(_KeyedOperator):
         super().restore_state(snapshots)
         self.timers.restored()
 
-    @_in_slices
-    def process(self, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
+    def _records(self, batch: pa.RecordBatch) -> Records:
         batch, timestamps = split_timestamps(batch)
         rows, keys = self._rows_and_keys(batch)
         set_key, process_element, ctx = (
@@ -529,7 +594,10 @@ class KeyedProcessOperator(_KeyedOperator):
             raise
         except StopIteration as exc:
             raise _stopped(self._out.what) from exc
-        return attach_timestamps(self._out.build(out), out_ts)
+        return out, out_ts
+
+    def process(self, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
+        return _process_records(self, batch)
 
     def _fire(self, pop: Callable[[], Any], domain: TimeDomain) -> list[pa.RecordBatch]:
         out: list[dict[str, Any]] = []

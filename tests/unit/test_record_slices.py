@@ -1,19 +1,25 @@
 """Per-record operators take a big batch in slices once their output schema is settled:
 the records out, their order, their timestamps, the keyed state and the batches
 downstream are what the whole batch gives; a batch whose types a slice could not infer
-(a key None in its first rows) is still taken whole."""
+(a key None in its first rows) is still taken whole, and one whose slice's records do not
+build alone (Arrow types a value by the values it is with) is built whole, batch or error
+as the whole batch gives it."""
 
 from __future__ import annotations
 
+import datetime
+from decimal import Decimal
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pytest
 
-from rayflow.eventtime.strategy import split_timestamps, with_timestamps
+from rayflow.errors import RecordError, SchemaChangeError
+from rayflow.eventtime.strategy import TIMESTAMP_COLUMN, split_timestamps, with_timestamps
 from rayflow.functions import KeyedProcessFunction
 from rayflow.plan.partitioners import KeySelector
+from rayflow.runtime import operators
 from rayflow.runtime.operators import (
     FilterOperator,
     FlatMapOperator,
@@ -156,6 +162,179 @@ def test_keyed_state_after_a_sliced_batch_is_what_record_by_record_gives() -> No
     total = ROWS + 17
     expect = {k: sum(v for v in range(total) if v % 7 == k) for k in range(7)}
     assert {r["key"]: r["value"] for r in out.to_pylist()} == expect
+
+
+# --- a slice's records typed as the whole batch's ------------------------------------------
+
+
+def _whole_and_sliced(
+    make: Any, batches: list[pa.RecordBatch], monkeypatch: pytest.MonkeyPatch
+) -> tuple[list[Any], list[Any]]:
+    """What each batch gives (its batches, or its error) taken whole and in slices."""
+
+    def outcomes() -> list[Any]:
+        op = opened(make())
+        got: list[Any] = []
+        for batch in batches:
+            try:
+                got.append([(b.schema, b.to_pylist()) for b in op.process(batch)])
+            except Exception as exc:  # noqa: BLE001 - compared below
+                got.append((type(exc), str(exc)))
+        got.append(op.snapshot_state(1) if hasattr(op, "backend") else None)
+        return got
+
+    sliced = outcomes()
+    with monkeypatch.context() as m:
+        m.setattr(operators, "MIN_SLICE_ROWS", 10**9)  # every batch whole
+        whole = outcomes()
+    return whole, sliced
+
+
+UTC = datetime.timezone.utc
+
+
+def _later(value: int, early: Any, late: Any) -> Any:
+    """``early`` in the first records of a batch, ``late`` from its second slice on."""
+    return early if value % ROWS < 100 else late
+
+
+#: outputs whose values Arrow types by the batch they are in: a slice of only the later
+#: values is typed apart from the first ones (and fails), the whole batch is not
+MIXED = {
+    "decimal with int defaults": (
+        lambda r: {"d": _later(r["value"], Decimal(r["value"]) / 4, 0)},
+        pa.schema([("d", pa.decimal128(20, 2))]),
+    ),
+    "binary with str": (lambda r: {"b": _later(r["value"], b"x", "s")}, None),
+    "aware with naive datetimes": (
+        lambda r: {
+            "t": _later(
+                r["value"], datetime.datetime(2020, 1, 1, tzinfo=UTC), datetime.datetime(2020, 1, 2)
+            )
+        },
+        None,
+    ),
+    "dates with datetimes": (
+        lambda r: {
+            "d": _later(r["value"], datetime.date(2020, 1, 1), datetime.datetime(2020, 1, 2, 5))
+        },
+        None,
+    ),
+    "a struct's floats with bools": (
+        lambda r: {"s": {"f": _later(r["value"], 1.5, True)}},
+        None,
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MIXED))
+def test_a_slice_s_values_are_typed_as_the_whole_batch_types_them(
+    case: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fn, output_type = MIXED[case]
+    whole, sliced = _whole_and_sliced(
+        lambda: MapOperator(fn, output_type), [numbers(10), numbers(), numbers()], monkeypatch
+    )
+    assert all(isinstance(out, list) for out in whole[:3]), whole  # the whole batch took them
+    assert sliced == whole
+
+
+@pytest.mark.parametrize("kind", ["flat_map", "process"])
+def test_a_batch_taken_whole_after_a_slice_failed_keeps_its_timestamps(
+    kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def records(r: dict[str, Any]) -> list[dict[str, Any]]:
+        out = {"v": r["value"], "b": _later(r["value"], b"x", "s")}
+        return [out, out] if r["value"] % 3 else []
+
+    class Process(KeyedProcessFunction):
+        def process_element(self, value: dict[str, Any], ctx: Any) -> Any:
+            return records(value)
+
+    make = {
+        "flat_map": lambda: FlatMapOperator(records),
+        "process": lambda: KeyedProcessOperator(KeySelector("key"), Process()),
+    }[kind]
+    stamps = pa.array(np.arange(ROWS) * 10, type=pa.int64())
+    batches = [with_timestamps(numbers(), stamps), with_timestamps(numbers(), stamps)]
+    whole, sliced = _whole_and_sliced(make, batches, monkeypatch)
+    assert isinstance(whole[1], list) and whole[1][0][0].names[-1] == TIMESTAMP_COLUMN
+    assert sliced == whole
+
+
+def test_a_function_s_error_in_a_later_slice_is_raised_as_the_whole_batch_raises_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The whole batch calls the function on every record before it builds any: a record
+    that does not convert in the first slice does not hide a failing call after it."""
+
+    def fn(r: dict[str, Any]) -> Any:
+        if r["value"] % ROWS == 30_000:
+            raise ValueError("bad record")
+        return {"x": "text" if r["value"] % ROWS == 5 else r["value"]}
+
+    whole, sliced = _whole_and_sliced(
+        lambda: MapOperator(fn), [numbers(10, start=10), numbers()], monkeypatch
+    )
+    assert whole[1] == (ValueError, "bad record")
+    assert sliced == whole
+
+
+def test_a_record_that_is_no_dict_is_named_as_the_whole_batch_names_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def fn(r: dict[str, Any]) -> Any:
+        if r["value"] % ROWS == 39_000:
+            return 5
+        return {"x": "text" if r["value"] % ROWS == 5 else r["value"]}
+
+    whole, sliced = _whole_and_sliced(
+        lambda: MapOperator(fn), [numbers(10, start=10), numbers()], monkeypatch
+    )
+    assert whole[1][0] is RecordError
+    assert sliced == whole
+
+
+def test_more_values_than_a_dictionary_s_index_counts_are_named_across_slices(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each slice holds under 128 distinct values, the batch 500: an int8-indexed output
+    fails as the whole batch fails, naming the operator and the key (not Arrow's error from
+    joining the slices)."""
+    output_type = pa.schema([("c", pa.dictionary(pa.int8(), pa.string()))])
+
+    def fn(r: dict[str, Any]) -> dict[str, Any]:
+        v = r["value"]
+        return {"c": str((v // 8192) * 100 + v % 100)}
+
+    whole, sliced = _whole_and_sliced(
+        lambda: MapOperator(fn, output_type), [numbers(10), numbers()], monkeypatch
+    )
+    assert whole[1][0] is SchemaChangeError and "more than int8 indices" in whole[1][1]
+    assert sliced == whole
+
+
+def test_dictionaries_of_slices_join_as_the_whole_batch_encodes_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    output_type = pa.schema([("c", pa.dictionary(pa.int32(), pa.string()))])
+    fn = lambda r: {"c": str(r["value"] // 9000)}  # noqa: E731
+    whole, sliced = _whole_and_sliced(
+        lambda: MapOperator(fn, output_type), [numbers(10), numbers()], monkeypatch
+    )
+    assert sliced == whole
+
+
+def test_slices_join_without_pyarrow_s_concat_batches(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``pa.concat_batches`` is in pyarrow 19 and later; rayflow takes pyarrow 14."""
+    monkeypatch.delattr(pa, "concat_batches", raising=False)
+    for kind in ["map", "flat_map", "filter", "reduce", "process"]:
+        op = opened(_ops()[kind])
+        sums: dict[int, int] = {}
+        for start in (0, ROWS):
+            batch = numbers(start=start)
+            (out,) = op.process(batch)
+            assert out.to_pylist() == _expected(kind, batch.to_pylist(), sums)
 
 
 def test_a_declared_schema_s_metadata_is_on_every_batch_however_it_was_built() -> None:
