@@ -161,6 +161,12 @@ class OutputRecords:
             batch = None
         if batch is None:
             batch = self._unified(rows)
+        if batch.num_rows != len(rows):  # no record had a key: a batch without columns
+            raise RecordError(
+                f"{self.what}: got records with no keys ({sample(rows[0])}); a record needs "
+                "at least one key (its column). To emit nothing for a record use filter or "
+                "flat_map"
+            )
         schema = self.schema
         if schema is None:
             self.schema = batch.schema

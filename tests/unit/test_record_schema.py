@@ -378,3 +378,18 @@ def test_a_keyed_count_by_a_declared_dictionary_or_large_column_counts_plain_val
     for batch in op.process(_declared(column, values)):
         counted.update(zip(batch.column("c").to_pylist(), batch.column("count").to_pylist()))
     assert counted == {v: values.count(v) for v in values}
+
+
+# --- records without keys -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("first", [True, False], ids=["first batch", "later batch"])
+def test_records_with_no_keys_fail_at_the_operator_instead_of_vanishing(first: bool) -> None:
+    op = opened(MapOperator(lambda r: {} if r["value"] >= 100 else r), "Blank")
+    if not first:
+        assert values(op.process(numbers(3))[0]) == [0, 1, 2]
+    with pytest.raises(RecordError, match=r"map 'Blank': got records with no keys \(\{\}\)"):
+        op.process(numbers(5, start=100))
+    # a record without keys among records with keys is a record of nulls, as before
+    (batch,) = op.process(pa.record_batch({"value": [1, 100, 2]}))
+    assert values(batch) == [1, None, 2]
