@@ -32,7 +32,11 @@ the next unthrottled run of the same timeout (``--max-seconds`` worth of rows).
 
 A rate-limited source cuts its batches to 10 ms worth of records (``sources.py``), so the
 latency runs move the same rows in more, smaller batches than the unthrottled ones: the
-table shows the batch size of each. The target checked (a reading, never asserted) is
+table shows the batch size of each. A job carries less in small batches than in 1 MiB
+ones, so half of the 1 MiB maximum may be most of what it carries in the latency run's
+batches; ``--max-at-latency-batches N`` measures the maximum again (up to N times) with
+the batches the latency run will read, 10 ms worth of half the last maximum, and takes
+half of that as the load. The target checked (a reading, never asserted) is
 ``p99 <= buffer timeout + 50 ms``.
 
 Run from the repository root (each block -- one chaining setting at one parallelism --
@@ -88,6 +92,7 @@ from rayflow import (  # noqa: E402
 )
 from rayflow.config import CheckpointingMode, RestartStrategies  # noqa: E402
 from rayflow.guarantees import DeliveryGuarantee  # noqa: E402
+from rayflow.sources import batch_rows  # noqa: E402
 
 __all__ = [
     "Config",
@@ -241,6 +246,11 @@ def source_rate(max_rate: float, parallelism: int, fraction: float = LOAD_FRACTI
             f"{max_rate!r}, {parallelism!r}"
         )
     return fraction * max_rate / parallelism
+
+
+def latency_batch_rows(rate_per_subtask: float) -> int:
+    """Rows per batch of a source of int64 values limited to ``rate_per_subtask``."""
+    return batch_rows(8, None, rate_per_subtask)
 
 
 def rows_for(rate: float, seconds: float, minimum: int = MIN_ROWS) -> int:
@@ -506,8 +516,24 @@ def measure(
         peak = run_job(config, rows, storage, args.marker_ms)
         if not peak.rate > 0:
             raise RuntimeError(f"no steady rate from {rows:,} rows")
-        run.max_rate, run.max_batch_rows = peak.rate, peak.batch_rows
         per_subtask = source_rate(peak.rate, config.parallelism)
+        for _ in range(args.max_at_latency_batches):
+            # the maximum with the batches the latency run's source reads (10 ms worth
+            # of its rate): half of that is the load, and sets the batches in turn
+            batch = latency_batch_rows(per_subtask)
+            if batch >= peak.batch_rows:
+                break
+            peak = run_job(
+                config,
+                rows_for(peak.rate, args.max_seconds),
+                storage,
+                args.marker_ms,
+                batch_rows=batch,
+            )
+            if not peak.rate > 0:
+                raise RuntimeError(f"no steady rate with {batch:,}-row batches")
+            per_subtask = source_rate(peak.rate, config.parallelism)
+        run.max_rate, run.max_batch_rows = peak.rate, peak.batch_rows
         run.target_rate = per_subtask * config.parallelism
         run.load = load1()
         outcome = run_job(
@@ -589,6 +615,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="length of each unthrottled run, at the last measured maximum (s)",
     )
     parser.add_argument("--marker-ms", type=int, default=50, help="latency marker interval (ms)")
+    parser.add_argument(
+        "--max-at-latency-batches",
+        type=int,
+        default=0,
+        metavar="N",
+        help="measure the maximum again, up to N times, with the source batches the latency "
+        "run reads (10 ms worth of half the last maximum) instead of 1 MiB ones: smaller "
+        "batches carry less, so half of that maximum is the load (default 0: the maximum "
+        "with 1 MiB batches)",
+    )
     parser.add_argument(
         "--lock",
         default=None,
@@ -686,7 +722,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"Machine: {machine}.",
         f"Runs per config: {args.runs} (median), interleaved over the timeouts; latency "
         f"runs of {args.seconds:g} s, markers every {args.marker_ms} ms; unthrottled runs "
-        f"of about {args.max_seconds:g} s; checkpoints every {CHECKPOINT_INTERVAL_MS} ms.",
+        f"of about {args.max_seconds:g} s; checkpoints every {CHECKPOINT_INTERVAL_MS} ms; "
+        + (
+            f"the maximum measured again (up to {args.max_at_latency_batches} times) with "
+            "the latency run's source batches."
+            if args.max_at_latency_batches
+            else "the maximum measured with 1 MiB source batches."
+        ),
         f"Load average (1/5/15 min) at start {load_start}; at the end of each block "
         + "; ".join(block_loads)
         + f"; total {total:.0f} s.",

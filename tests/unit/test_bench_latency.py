@@ -267,6 +267,50 @@ def test_arguments_and_blocks(bench):
             bench.parse_args(bad)
 
 
+def test_the_maximum_is_measured_again_with_the_latency_runs_batches(bench, monkeypatch):
+    # a job whose maximum grows with its batches: 1,000 rows/s per row of a batch
+    calls = []
+
+    def job(config, records, storage, marker_ms, rate_per_subtask=None, batch_rows=None):
+        rows = batch_rows or 131_072
+        calls.append((rate_per_subtask, batch_rows))
+        rate = 1_000.0 * rows if rate_per_subtask is None else rate_per_subtask
+        return job_outcome(rate, rows)
+
+    def job_outcome(rate, rows):
+        return bench._JobOutcome(rate, rows, {"count": 1, "p99_ms": 5.0}, {}, 1)
+
+    monkeypatch.setattr(bench, "run_job", job)
+    config = bench.Config(10, False, 1)
+    args = bench.parse_args(["--max-at-latency-batches", "2"])
+    run = bench.measure(config, 1e6, args, "/unused")
+    # 131,072-row batches: 131M rows/s; 10 ms of half of it is 655,360 rows, more than
+    # a 1 MiB batch holds: the latency run reads 1 MiB batches too, that maximum stands
+    assert calls[0] == (None, None) and len(calls) == 2
+    assert run.max_batch_rows == 131_072
+    # a job whose maximum is 1M rows/s per row of its batches up to 50 rows, with
+    # batches of one row per 1M rows/s: each maximum halves the next batches
+    calls.clear()
+
+    def saturating(config, records, storage, marker_ms, rate_per_subtask=None, batch_rows=None):
+        rows = batch_rows or 131_072
+        calls.append((rate_per_subtask, batch_rows))
+        rate = 1e6 * min(rows, 50) if rate_per_subtask is None else rate_per_subtask
+        return job_outcome(rate, rows)
+
+    monkeypatch.setattr(bench, "run_job", saturating)
+    monkeypatch.setattr(bench, "latency_batch_rows", lambda rate: int(rate // 1e6))
+    run = bench.measure(config, 1e6, args, "/unused")
+    # 50M with 1 MiB batches -> 25-row batches: 25M -> 12-row batches: 12M (two again)
+    assert [c[1] for c in calls] == [None, 25, 12, None]
+    assert run.max_batch_rows == 12 and run.max_rate == 12e6
+    assert run.target_rate == 6e6 and calls[-1][0] == 6e6
+    # without the option the 1 MiB maximum sets the load
+    calls.clear()
+    run = bench.measure(config, 1e6, bench.parse_args([]), "/unused")
+    assert [c[1] for c in calls] == [None, None] and run.max_rate == 50e6
+
+
 @pytest.fixture(scope="module")
 def trace(bench):
     saved = list(sys.path)
