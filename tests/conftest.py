@@ -58,11 +58,31 @@ def _end(client) -> None:
             pass
 
 
+#: Settings of Ray's own daemons for the local Ray each test process starts. Its log
+#: monitor lists the log directory every 0.1 s while it has fewer than 1000 files (each
+#: worker process adds its own: thousands by the end of the suite); its reporter agent
+#: reads every worker process's stats, and its dashboard process its own, every 5 s.
+#: With three test processes on two cores, each with its own Ray, they took a tenth or
+#: more of the suite's CPU. None of it is under test: the log monitor now lists the
+#: directory every 2 s (worker logs still reach the driver), the others read every
+#: minute. Set only while ``ray.init`` starts them: a Ray that a test starts in a
+#: subprocess of its own keeps Ray's defaults.
+RAY_DAEMON_SETTINGS = {
+    "RAY_LOG_MONITOR_MANY_FILES_THRESHOLD": "0",
+    "LOG_NAME_UPDATE_INTERVAL_S": "2",
+    "REPORTER_UPDATE_INTERVAL_MS": "60000",
+    "METRICS_RECORD_INTERVAL_S": "60",
+}
+
+
 @pytest.fixture(scope="session")
 def ray_session():
     import ray
 
     if not ray.is_initialized():
-        ray.init(address="local", include_dashboard=False, logging_level="WARNING")
+        with pytest.MonkeyPatch.context() as env:
+            for name, value in RAY_DAEMON_SETTINGS.items():
+                env.setenv(name, value)
+            ray.init(address="local", include_dashboard=False, logging_level="WARNING")
     yield ray
     ray.shutdown()
