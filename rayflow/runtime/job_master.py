@@ -627,14 +627,16 @@ class JobMaster:
         await self._kill_everything_in(actors)
         missing = [k for k in self._two_phase_sink_subtasks() if k not in cleaned]
         if missing and self.settings.checkpointing:
+            reason = None
             for _ in range(2):
-                missing = await self._clean_up_from_checkpoint(missing, latest)
-                if not missing:
-                    break
+                missing, reason = await self._clean_up_from_checkpoint(missing, latest)
+                if not missing or reason is not None:
+                    break  # done, or failed in a way no second try can fix
             if missing:
+                why = f" ({reason}; not tried again)" if reason is not None else ""
                 self.clean_up_failure = (
-                    f"sink subtasks {missing} could not be cleaned up; their transactions "
-                    "stay until the next run of this job recovers them"
+                    f"sink subtasks {missing} could not be cleaned up{why}; their "
+                    "transactions stay until the next run of this job recovers them"
                 )
 
     async def _kill_everything_in(self, actors: dict[tuple[int, int], Any]) -> None:
@@ -653,8 +655,11 @@ class JobMaster:
 
     async def _clean_up_from_checkpoint(
         self, keys: list[tuple[int, int]], latest: int | None
-    ) -> list[tuple[int, int]]:
-        """Returns the subtasks whose clean-up failed."""
+    ) -> tuple[list[tuple[int, int]], str | None]:
+        """Returns the subtasks whose clean-up failed, and, when every one of them failed
+        in a way the failure classifier says no restart can fix (state this rayflow
+        cannot read, say), the first such reason: trying again would fail the same way."""
+        reason: str | None = None
         attempt = self.supervisor.reserve_attempt()
         self.attempt = attempt
         await self._persist_quietly()
@@ -686,18 +691,27 @@ class JobMaster:
             )
             failed = [k for k, r in zip(actors, results) if r is not True]
             if failed:
+                errors = [r for r in results if r is not True]
                 log.warning(
                     "job %r: clean-up of sink subtasks %s failed: %s",
                     self.settings.job_name,
                     failed,
-                    [r for r in results if r is not True],
+                    errors,
                 )
+                reasons = [
+                    classify(e, self.settings.failure_classifier)
+                    if isinstance(e, Exception)
+                    else None
+                    for e in errors
+                ]
+                if all(r is not None for r in reasons):
+                    reason = reasons[0]
         except Exception as exc:  # noqa: BLE001 - reported by the caller
             log.warning("job %r: clean-up failed: %s", self.settings.job_name, exc)
             failed = list(keys)
         finally:
             await self._kill_everything_in(actors)
-        return failed
+        return failed, reason
 
     def _latest_completed_id(self) -> int | None:
         if self.coordinator is not None and self.coordinator.latest is not None:
