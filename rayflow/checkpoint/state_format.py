@@ -25,6 +25,7 @@ from rayflow.recoverability import NonRecoverableError
 __all__ = [
     "STATE_FORMAT_VERSION",
     "StateFormatError",
+    "UnsupportedStateFormatError",
     "OperatorStates",
     "encode_operator_states",
     "decode_operator_states",
@@ -39,6 +40,12 @@ STATE_FORMAT_VERSION = 2
 class StateFormatError(NonRecoverableError, ValueError):
     """A state blob (or one operator's state in it) this rayflow cannot read; no restart
     can fix it."""
+
+
+class UnsupportedStateFormatError(StateFormatError):
+    """A blob whose header names a state format version this rayflow does not read: every
+    read of it, in any process of this rayflow, fails the same way (unlike a failure while
+    unpickling, which may come from the process or what it reached out to)."""
 
 
 def blob_name(where: str, names: Mapping[str, str] | None) -> str:
@@ -105,7 +112,7 @@ def decode_operator_states(
     if blob.startswith(_MAGIC):
         version = blob[len(_MAGIC)] if len(blob) > len(_MAGIC) else None
         if version != STATE_FORMAT_VERSION:
-            raise StateFormatError(
+            raise UnsupportedStateFormatError(
                 f"{whose}: state format version {version} is not supported by this rayflow "
                 f"(it reads versions 1..{STATE_FORMAT_VERSION}); restore it with the rayflow "
                 "that wrote it"

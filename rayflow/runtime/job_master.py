@@ -37,6 +37,7 @@ from rayflow.checkpoint.coordinator import (
     CompletedCheckpoint,
 )
 from rayflow.checkpoint.failures import CheckpointFailureManager
+from rayflow.checkpoint.state_format import UnsupportedStateFormatError
 from rayflow.errors import JobCancelledError, JobFailedError, OperatorError
 from rayflow.failures import Failure, first_line, worth_logging
 from rayflow.plan.physical import JobGraph
@@ -91,6 +92,26 @@ def _unwrap(exc: BaseException) -> BaseException:
         if cause is not None:
             return cause
     return exc
+
+
+def futile_clean_up(results: list[Any]) -> str | None:
+    """Why trying a sink clean-up again would fail the same way, given what each failed
+    clean-up call gave (None: it may succeed, so try again). Only when every failure was
+    raised by the clean-up itself reading a blob of a state format version this rayflow
+    does not read (:class:`UnsupportedStateFormatError`: its header is the same on every
+    try). A lost or slow actor, a wrong attempt (False), a blob that failed to unpickle
+    (the cause may be the process, or a service a state class reached), and any other
+    error may go the next time, in a fresh process, and are tried again whatever the
+    job's failure classifier says."""
+    reasons = []
+    for result in results:
+        if not isinstance(result, RayTaskError):
+            return None
+        cause = _unwrap(result)
+        if not isinstance(cause, UnsupportedStateFormatError):
+            return None
+        reasons.append(f"{type(cause).__name__}: {first_line(str(cause))}")
+    return reasons[0] if reasons else None
 
 
 class _AttemptFailed(Exception):
@@ -627,13 +648,16 @@ class JobMaster:
         await self._kill_everything_in(actors)
         missing = [k for k in self._two_phase_sink_subtasks() if k not in cleaned]
         if missing and self.settings.checkpointing:
-            reason = None
-            for _ in range(2):
+            tries, tried, reason = 2, 0, None
+            while missing and reason is None and tried < tries:
+                # stops when done, or failed in a way no other try can fix
                 missing, reason = await self._clean_up_from_checkpoint(missing, latest)
-                if not missing or reason is not None:
-                    break  # done, or failed in a way no second try can fix
+                tried += 1
             if missing:
-                why = f" ({reason}; not tried again)" if reason is not None else ""
+                why = ""
+                if reason is not None:
+                    again = "; not tried again: it would fail the same way" if tried < tries else ""
+                    why = f" ({reason}{again})"
                 self.clean_up_failure = (
                     f"sink subtasks {missing} could not be cleaned up{why}; their "
                     "transactions stay until the next run of this job recovers them"
@@ -656,9 +680,8 @@ class JobMaster:
     async def _clean_up_from_checkpoint(
         self, keys: list[tuple[int, int]], latest: int | None
     ) -> tuple[list[tuple[int, int]], str | None]:
-        """Returns the subtasks whose clean-up failed, and, when every one of them failed
-        in a way the failure classifier says no restart can fix (state this rayflow
-        cannot read, say), the first such reason: trying again would fail the same way."""
+        """Returns the subtasks whose clean-up failed, and why trying again would fail
+        the same way (:func:`futile_clean_up`; None: it may not)."""
         reason: str | None = None
         attempt = self.supervisor.reserve_attempt()
         self.attempt = attempt
@@ -698,14 +721,7 @@ class JobMaster:
                     failed,
                     errors,
                 )
-                reasons = [
-                    classify(e, self.settings.failure_classifier)
-                    if isinstance(e, Exception)
-                    else None
-                    for e in errors
-                ]
-                if all(r is not None for r in reasons):
-                    reason = reasons[0]
+                reason = futile_clean_up(errors)
         except Exception as exc:  # noqa: BLE001 - reported by the caller
             log.warning("job %r: clean-up failed: %s", self.settings.job_name, exc)
             failed = list(keys)

@@ -447,6 +447,7 @@ def test_a_savepoint_with_unreadable_state_fails_the_restore_at_once_naming_it(t
     assert "could not be cleaned up (" in message, message
     assert "state format version 9" in message.split("could not be cleaned up", 1)[1]
     assert "not tried again" in message
+    assert "\x1b[" not in message and 'File "' not in message, "a traceback in the reason"
 
 
 class _UnwritableStopRecord(MasterHooks):
