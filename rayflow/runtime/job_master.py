@@ -103,15 +103,12 @@ def futile_clean_up(results: list[Any]) -> str | None:
     (the cause may be the process, or a service a state class reached), and any other
     error may go the next time, in a fresh process, and are tried again whatever the
     job's failure classifier says."""
-    reasons = []
-    for result in results:
-        if not isinstance(result, RayTaskError):
-            return None
-        cause = _unwrap(result)
-        if not isinstance(cause, UnsupportedStateFormatError):
-            return None
-        reasons.append(f"{type(cause).__name__}: {first_line(str(cause))}")
-    return reasons[0] if reasons else None
+    causes = [_unwrap(r) for r in results if isinstance(r, RayTaskError)]
+    if not causes or len(causes) < len(results):
+        return None  # nothing failed, or something failed other than inside the clean-up
+    if not all(isinstance(c, UnsupportedStateFormatError) for c in causes):
+        return None
+    return f"{type(causes[0]).__name__}: {first_line(str(causes[0]))}"
 
 
 class _AttemptFailed(Exception):
