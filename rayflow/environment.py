@@ -805,8 +805,9 @@ class CollectedRecords(list):
 
 
 def job_actor_count(graph: JobGraph) -> int:
-    """Actors a run of ``graph`` takes: one per subtask, the job master and the run lock."""
-    return sum(v.parallelism for v in graph.vertices.values()) + 2
+    """Actors a run of ``graph`` takes: one per subtask and the job master (the run lock is
+    a record, its driver's lock host an actor made once per driver)."""
+    return sum(v.parallelism for v in graph.vertices.values()) + 1
 
 
 def settings_generation(settings: JobSettings) -> int:

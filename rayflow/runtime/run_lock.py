@@ -2,103 +2,258 @@
 
 Two runs of one job name at once would share what their sinks name after the job
 (part files, upload keys, transaction prefixes) and abort each other's transactions as
-lingering. So a run holds a lock for its job name: a small named actor in the
-``rayflow`` namespace, owned by the driver (it goes when the driver goes; for a detached
-job, by its job host, see :mod:`rayflow.detached`). A second
-run of the same name fails fast, naming the run that holds it.
+lingering. So a run holds a lock for its job name; a second run of the same name fails
+fast, naming the run that holds it.
+
+The lock is a record in Ray's internal key-value store (in the GCS), one key per
+*generation* of the job name's lock: ``run-lock:<job name>:<generation>``, holding the
+run's id and the name of its owner's *lock host*. A lock host is a small named actor,
+one per process that takes locks (a driver, or a detached job's host), owned by that
+process: Ray keeps its name registered for as long as its owner lives (also when the
+host's own process died, since the owner holds its handle) and releases it when the
+owner goes. A record is live while it is not marked released and its lock host's name
+is registered; so a lock lives exactly as long as the process that took it, or until
+it is released, and taking or refusing one never waits for any process to answer.
+
+Taking the lock: read the highest generation; when its record is live, refuse. Else
+put generation + 1 only if absent (the store's one atomic step), then check that no
+higher generation appeared meanwhile (a taker that read an old listing backs off).
+The highest generation is never deleted, so generations only grow: a record below the
+highest is never live again, and a taker deletes those once its own is the highest.
+Releasing marks the run's own generation released (a late or repeated release touches
+only its own generation). One small key (about 150 bytes) stays per job name ever run on
+the cluster: deleting the highest generation would let a taker that read an old listing
+win beside a live run.
+
+A name held under the earlier run lock (a named actor ``rayflow-run:<job name>`` per run)
+is refused too; a driver of that earlier version does not see these records, so runs
+it starts on a cluster must not share job names with runs of this version.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
+import threading
 import time
+import uuid
+from dataclasses import dataclass
+from urllib.parse import quote
 
 import ray
-from ray.exceptions import GetTimeoutError, RayActorError
+from ray.experimental import internal_kv
 
 from rayflow.errors import ConcurrentRunError
 
 __all__ = [
     "ConcurrentRunError",
+    "RunLock",
     "acquire_run_lock",
     "release_run_lock",
     "release_run_lock_held_by",
     "release_run_lock_of",
+    "run_lock_holder",
 ]
 
 NAMESPACE = "rayflow"
+_KEY_PREFIX = "run-lock:"
+_GENERATION_DIGITS = 20
+_ATTEMPTS = 50
+
+
+@dataclass(frozen=True)
+class RunLock:
+    """The job name's lock as ``run_id`` took it: its generation's key."""
+
+    job_name: str
+    run_id: str
+    key: bytes
+
+
+@dataclass(frozen=True)
+class _Record:
+    run_id: str
+    host: str
+    released: bool = False
+
+    def encode(self) -> bytes:
+        return json.dumps(
+            {"run_id": self.run_id, "host": self.host, "released": self.released}
+        ).encode()
+
+    @classmethod
+    def decode(cls, raw: bytes) -> _Record:
+        data = json.loads(raw)
+        return cls(str(data["run_id"]), str(data["host"]), bool(data.get("released", False)))
 
 
 @ray.remote(num_cpus=0, max_restarts=0)
-class _RunLock:
-    def __init__(self, run_id: str) -> None:
-        self.run_id = run_id
+class _LockHost:
+    """Nothing but a name tied to its owner's life."""
 
-    def holder(self) -> str:
-        return self.run_id
-
-
-def _lock_name(job_name: str) -> str:
-    return f"rayflow-run:{job_name}"
+    def ready(self) -> bool:
+        return True
 
 
-def acquire_run_lock(job_name: str, run_id: str):
-    """Take the job name's lock for ``run_id``; raises :class:`ConcurrentRunError`.
+_host_guard = threading.Lock()
+#: this process's lock host: (the Ray connection it was made in, its name, its handle)
+_host: tuple[tuple[str, str, str], str, object] | None = None
 
-    Creating a named actor registers its name with the GCS before ``.remote()`` returns
-    (a taken name raises ``ValueError`` there), so the lock is held from that moment;
-    its process starts in the background and nothing waits for it."""
-    name = _lock_name(job_name)
-    for _ in range(50):
+
+def _host_name() -> str:
+    """The name of this process's lock host, created once per Ray connection (creating a
+        named actor registers the name before ``.remote()`` returns; its process starts in
+        the background and nothing waits for it). Its handle is kept while the connection
+    lasts: a lock host whose last handle goes is destroyed, and every lock of the
+    connection with it; so a failed lookup of it never makes another.
+
+        A connection is told apart by its worker id too: a process that reconnects to a
+        cluster restarted at the same address gets job id ``01000000`` again, and a host
+        name of the old cluster would make every lock it takes look dead at once."""
+    global _host
+    context = ray.get_runtime_context()
+    where = (str(context.gcs_address), str(context.get_job_id()), str(context.get_node_id()))
+    with _host_guard:
+        if _host is None or _host[0] != where:
+            name = f"rayflow-lock-host:{uuid.uuid4().hex}"
+            handle = _LockHost.options(name=name, namespace=NAMESPACE).remote()
+            # registered before any record names it (Ray client mode creates actors
+            # asynchronously: the lookup waits for the name)
+            ray.get_actor(name, namespace=NAMESPACE)
+            _host = (where, name, handle)
+        return _host[1]
+
+
+def _host_alive(name: str) -> bool:
+    """Whether the lock host's name is registered: a name that is not found is looked up
+    once more before it counts as gone (a failed lookup also reads as not found)."""
+    for pause in (0.2, 0.0):
         try:
-            return _RunLock.options(name=name, namespace=NAMESPACE).remote(run_id)
+            ray.get_actor(name, namespace=NAMESPACE)
         except ValueError:
-            pass  # taken: by a live run, or by a dead holder whose name goes in a moment
-        try:
-            existing = ray.get_actor(name, namespace=NAMESPACE)
-        except ValueError:
-            continue  # released meanwhile
-        try:
-            holder = ray.get(existing.holder.remote(), timeout=10)
-        except RayActorError:
-            holder = None  # a dead holder: its name is released in a moment
-        except GetTimeoutError:
-            holder = "unknown: its lock did not answer within 10 s"  # taken, still starting
-        if holder is not None:
-            raise ConcurrentRunError(
-                f"job {job_name!r} is already running (run {holder}); two runs of one job "
-                "name would write the same sink transactions. Wait for it, cancel it, or "
-                "run this one under another name."
-            )
-        time.sleep(0.1)
+            time.sleep(pause)
+            continue
+        return True
+    return False  # its owner is gone, and with it the name
+
+
+def _older_lock_holder(job_name: str) -> str | None:
+    """The run holding the job name under rayflow's earlier run lock (a named actor per
+    run), so a run of this version refuses a live run started by an earlier one."""
+    try:
+        ray.get_actor(f"rayflow-run:{job_name}", namespace=NAMESPACE)
+    except ValueError:
+        return None
+    return "started by an earlier rayflow version"
+
+
+def _prefix(job_name: str) -> bytes:
+    return f"{_KEY_PREFIX}{quote(job_name, safe='')}:".encode()
+
+
+def _key(prefix: bytes, generation: int) -> bytes:
+    return prefix + str(generation).zfill(_GENERATION_DIGITS).encode()
+
+
+def _generations(prefix: bytes) -> list[tuple[int, bytes]]:
+    found = []
+    for key in internal_kv._internal_kv_list(prefix, namespace=NAMESPACE):
+        tail = key[len(prefix) :]
+        if tail.isdigit():
+            found.append((int(tail), key))
+    return sorted(found)
+
+
+def _read(key: bytes) -> _Record | None:
+    raw = internal_kv._internal_kv_get(key, namespace=NAMESPACE)
+    return None if raw is None else _Record.decode(raw)
+
+
+def _live(record: _Record) -> bool:
+    return not record.released and _host_alive(record.host)
+
+
+def _refusal(job_name: str, holder: str) -> ConcurrentRunError:
+    return ConcurrentRunError(
+        f"job {job_name!r} is already running ({holder}); two runs of one job name would "
+        "write the same sink transactions. Wait for it, cancel it, or run this one under "
+        "another name."
+    )
+
+
+def acquire_run_lock(job_name: str, run_id: str) -> RunLock:
+    """Take the job name's lock for ``run_id``; raises :class:`ConcurrentRunError` when a
+    live run holds it. Waits for no process."""
+    prefix = _prefix(job_name)
+    mine = _Record(run_id, _host_name()).encode()
+    older = _older_lock_holder(job_name)
+    if older is not None:
+        raise _refusal(job_name, f"a run {older}")
+    for _ in range(_ATTEMPTS):
+        generations = _generations(prefix)
+        top = 0
+        if generations:
+            top, top_key = generations[-1]
+            record = _read(top_key)
+            if record is None:
+                continue  # a taker that read an old listing backed off meanwhile
+            if _live(record):
+                raise _refusal(job_name, f"run {record.run_id}")
+        key = _key(prefix, top + 1)
+        if internal_kv._internal_kv_put(key, mine, overwrite=False, namespace=NAMESPACE):
+            continue  # another run took this generation first: look again
+        now = _generations(prefix)
+        if now[-1][0] == top + 1:
+            for _generation, below in now[:-1]:
+                internal_kv._internal_kv_del(below, namespace=NAMESPACE)  # never live again
+            return RunLock(job_name, run_id, key)
+        # a higher generation appeared: this one was taken from an old listing
+        internal_kv._internal_kv_del(key, namespace=NAMESPACE)
+        time.sleep(0.01)
     raise ConcurrentRunError(f"job {job_name!r}: could not take its run lock")
 
 
-def release_run_lock(lock) -> None:
+def release_run_lock(lock: RunLock | None) -> None:
+    """Release ``lock`` (its own generation only; repeating it does nothing more)."""
     if lock is None:
         return
     try:
-        ray.kill(lock, no_restart=True)
-    except Exception:  # noqa: BLE001 - already gone
+        record = _read(lock.key)
+        if record is not None and record.run_id == lock.run_id and not record.released:
+            released = _Record(record.run_id, record.host, released=True)
+            internal_kv._internal_kv_put(lock.key, released.encode(), namespace=NAMESPACE)
+    except Exception:  # noqa: BLE001 - Ray is gone: so is every lock it held
         pass
 
 
-async def release_run_lock_of(job_name: str, run_id: str) -> None:
-    """Release the job name's lock if ``run_id`` holds it (from an actor's event loop)."""
-    import asyncio
-
-    try:
-        lock = ray.get_actor(_lock_name(job_name), namespace=NAMESPACE)
-        if await asyncio.wait_for(lock.holder.remote(), timeout=10) == run_id:
-            release_run_lock(lock)
-    except Exception:  # noqa: BLE001 - no lock, or already going
-        pass
+def _holding(job_name: str, run_id: str) -> RunLock | None:
+    generations = _generations(_prefix(job_name))
+    if not generations:
+        return None
+    key = generations[-1][1]
+    record = _read(key)
+    if record is None or record.released or record.run_id != run_id:
+        return None
+    return RunLock(job_name, run_id, key)
 
 
 def release_run_lock_held_by(job_name: str, run_id: str) -> None:
     """Release the job name's lock if ``run_id`` holds it (from a driver or a thread)."""
     try:
-        lock = ray.get_actor(_lock_name(job_name), namespace=NAMESPACE)
-        if ray.get(lock.holder.remote(), timeout=10) == run_id:
-            release_run_lock(lock)
-    except Exception:  # noqa: BLE001 - no lock, or already going
+        release_run_lock(_holding(job_name, run_id))
+    except Exception:  # noqa: BLE001 - no lock, or Ray is gone
         pass
+
+
+async def release_run_lock_of(job_name: str, run_id: str) -> None:
+    """Release the job name's lock if ``run_id`` holds it (from an actor's event loop)."""
+    await asyncio.to_thread(release_run_lock_held_by, job_name, run_id)
+
+
+def run_lock_holder(job_name: str) -> str | None:
+    """The run that holds the job name's lock now, or None when it is free."""
+    generations = _generations(_prefix(job_name))
+    if not generations:
+        return None
+    record = _read(generations[-1][1])
+    return record.run_id if record is not None and _live(record) else None

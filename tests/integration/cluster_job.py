@@ -41,6 +41,7 @@ from ray.util.state import list_actors  # noqa: E402
 
 from rayflow import JobCancelledError, JobFailedError, StreamExecutionEnvironment  # noqa: E402
 from rayflow.config import RestartStrategies  # noqa: E402
+from rayflow.runtime.run_lock import run_lock_holder  # noqa: E402
 from rayflow.sources import NumberSequenceSource  # noqa: E402
 from rayflow.testing import wait_for_checkpoints  # noqa: E402
 from sinks.s3 import S3FileSink  # noqa: E402
@@ -102,11 +103,10 @@ def keyed_sum(
 def leftovers(job_id: str, job_name: str) -> dict[str, list]:
     """What of the job Ray still holds: live actors, detached actors, placement groups."""
     alive = actors(filters=[("state", "=", "ALIVE")])
-    ours = [
-        a.name
-        for a in alive
-        if a.name.startswith(f"rayflow:{job_id}:") or a.name == f"rayflow-run:{job_name}"
-    ]
+    ours = [a.name for a in alive if a.name.startswith(f"rayflow:{job_id}:")]
+    holder = run_lock_holder(job_name)
+    if holder is not None:
+        ours.append(f"the run lock of {job_name!r} (run {holder})")
     detached = [a.name for a in alive if a.is_detached]
     groups = [
         info["name"]

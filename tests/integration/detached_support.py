@@ -8,6 +8,8 @@ import time
 
 import ray
 
+from rayflow.runtime.run_lock import run_lock_holder
+
 __all__ = ["until", "job_actors", "run_lock_held", "in_progress"]
 
 
@@ -32,11 +34,7 @@ def job_actors(job_id: str) -> list[str]:
 
 
 def run_lock_held(name: str) -> bool:
-    try:
-        ray.get_actor(f"rayflow-run:{name}", namespace="rayflow")
-        return True
-    except ValueError:
-        return False
+    return run_lock_holder(name) is not None
 
 
 def in_progress(directory) -> list[str]:

@@ -32,6 +32,7 @@ from rayflow import (
     StreamExecutionEnvironment,
 )
 from rayflow.errors import JobCancelledError
+from rayflow.runtime.run_lock import run_lock_holder
 from rayflow.sink import CommitOutcome
 from rayflow.status import JobState
 from sinks.basic import CollectSink
@@ -84,14 +85,6 @@ def _named_actors() -> set[str]:
     }
 
 
-def _run_lock_holder(job_name: str) -> str | None:
-    try:
-        lock = ray.get_actor(f"rayflow-run:{job_name}", namespace="rayflow")
-    except ValueError:
-        return None
-    return ray.get(lock.holder.remote(), timeout=10)
-
-
 def _kill_named(names: set[str]) -> None:
     for name in names:
         try:
@@ -119,7 +112,7 @@ def test_a_start_line_that_cannot_be_written_leaves_the_job_running_with_its_loc
     except BrokenPipeError:
         left = _named_actors() - before
         masters = sorted(n for n in left if ":master:" in n)
-        holder = _run_lock_holder("broken-stderr")
+        holder = run_lock_holder("broken-stderr")
         _kill_named(left)
         pytest.fail(
             f"execute_async raised; job master(s) {masters} left running, run lock holder: {holder}"
@@ -127,7 +120,7 @@ def test_a_start_line_that_cannot_be_written_leaves_the_job_running_with_its_loc
     finally:
         progress.enable(False)
     try:
-        assert _run_lock_holder("broken-stderr") == client.run_id
+        assert run_lock_holder("broken-stderr") == client.run_id
         _until(lambda: client.get_job_status() is JobState.RUNNING, what="RUNNING")
         with pytest.raises(TimeoutError):
             client.wait(timeout=1.5)  # polls, so tries to redraw and to print: no harm

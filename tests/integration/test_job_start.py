@@ -87,7 +87,7 @@ def _job(keep_alive_s: float, max_workers: int = 16) -> tuple[StreamExecutionEnv
 def test_warm_workers_fill_up_after_a_job_serve_the_next_and_expire():
     env, sink = _job(keep_alive_s=8)
     env.execute(_job_name("warm"))
-    actors = 2 + 2  # two subtasks (one chained vertex at parallelism 2), master, lock
+    actors = 2 + 1  # two subtasks (one chained vertex at parallelism 2) and the master
     assert _wait_for(lambda: _fresh_idle() >= actors)
 
     env, sink = _job(keep_alive_s=8)

@@ -248,7 +248,7 @@ def test_config_bounds():
     assert not WarmWorkerConfig(keep_alive_s=0).enabled
 
 
-def test_a_job_counts_its_subtasks_master_and_run_lock():
+def test_a_job_counts_its_subtasks_and_master():
     env = StreamExecutionEnvironment().set_parallelism(2)
     from rayflow import NumberSequenceSource
 
@@ -260,5 +260,5 @@ def test_a_job_counts_its_subtasks_master_and_run_lock():
         .print()
     )
     graph = env.get_job_graph()
-    assert job_actor_count(graph) == sum(v.parallelism for v in graph.vertices.values()) + 2
-    assert job_actor_count(graph) == 6
+    assert job_actor_count(graph) == sum(v.parallelism for v in graph.vertices.values()) + 1
+    assert job_actor_count(graph) == 5
