@@ -13,7 +13,9 @@ process: Ray keeps its name registered for as long as its owner lives (also when
 host's own process died, since the owner holds its handle) and releases it when the
 owner goes. A record is live while it is not marked released and its lock host's name
 is registered; so a lock lives exactly as long as the process that took it, or until
-it is released, and taking or refusing one never waits for any process to answer.
+it is released, and taking or refusing one never waits for any process to answer. A
+lock host that Ray destroys (killed for good, or its creation failed) takes its name
+along, as the earlier lock actor did; the process's next take makes a new one.
 
 Taking the lock: read the highest generation; when its record is live, refuse. Else
 put generation + 1 only if absent (the store's one atomic step), then check that no
@@ -59,6 +61,7 @@ NAMESPACE = "rayflow"
 _KEY_PREFIX = "run-lock:"
 _GENERATION_DIGITS = 20
 _ATTEMPTS = 50
+_RELEASE_PAUSES_S = (0.1, 0.5, 2.0, None)
 
 
 @dataclass(frozen=True)
@@ -96,32 +99,38 @@ class _LockHost:
 
 
 _host_guard = threading.Lock()
-#: this process's lock host: (the Ray connection it was made in, its name, its handle)
-_host: tuple[tuple[str, str, str], str, object] | None = None
+#: this process's lock host per Ray connection: its name and handle
+_hosts: dict[tuple[str, str, str], tuple[str, object]] = {}
+#: every lock host this process made, never dropped: a lock host whose last handle goes
+#: is destroyed, and every lock naming it is free
+_kept: list[object] = []
 
 
 def _host_name() -> str:
-    """The name of this process's lock host, created once per Ray connection (creating a
-        named actor registers the name before ``.remote()`` returns; its process starts in
-        the background and nothing waits for it). Its handle is kept while the connection
-    lasts: a lock host whose last handle goes is destroyed, and every lock of the
-    connection with it; so a failed lookup of it never makes another.
+    """The name of this process's lock host on its current Ray connection, made when there
+    is none or when its name is gone (Ray destroyed it: killed, or its creation failed),
+    so a record never names a host already gone. Creating a named actor registers the name
+    before ``.remote()`` returns; its process starts in the background and nothing waits
+    for it.
 
-        A connection is told apart by its worker id too: a process that reconnects to a
-        cluster restarted at the same address gets job id ``01000000`` again, and a host
-        name of the old cluster would make every lock it takes look dead at once."""
-    global _host
+    A connection is told apart by its node's id too: a process that reconnects to a
+    cluster restarted at the same address gets job id ``01000000`` (and the driver's
+    worker id made from it) again. Ray client connections in several threads each have
+    their own host."""
     context = ray.get_runtime_context()
     where = (str(context.gcs_address), str(context.get_job_id()), str(context.get_node_id()))
     with _host_guard:
-        if _host is None or _host[0] != where:
-            name = f"rayflow-lock-host:{uuid.uuid4().hex}"
-            handle = _LockHost.options(name=name, namespace=NAMESPACE).remote()
-            # registered before any record names it (Ray client mode creates actors
-            # asynchronously: the lookup waits for the name)
-            ray.get_actor(name, namespace=NAMESPACE)
-            _host = (where, name, handle)
-        return _host[1]
+        cached = _hosts.get(where)
+        if cached is not None and _host_alive(cached[0]):
+            return cached[0]
+        name = f"rayflow-lock-host:{uuid.uuid4().hex}"
+        handle = _LockHost.options(name=name, namespace=NAMESPACE).remote()
+        _kept.append(handle)
+        # registered before any record names it (Ray client mode creates actors
+        # asynchronously: the lookup waits for the name)
+        ray.get_actor(name, namespace=NAMESPACE)
+        _hosts[where] = (name, handle)
+        return name
 
 
 def _host_alive(name: str) -> bool:
@@ -200,30 +209,56 @@ def acquire_run_lock(job_name: str, run_id: str) -> RunLock:
             if _live(record):
                 raise _refusal(job_name, f"run {record.run_id}")
         key = _key(prefix, top + 1)
-        if internal_kv._internal_kv_put(key, mine, overwrite=False, namespace=NAMESPACE):
+        lock = RunLock(job_name, run_id, key)
+        if not _put_if_absent(key, mine):
             continue  # another run took this generation first: look again
-        now = _generations(prefix)
-        if now[-1][0] == top + 1:
-            for _generation, below in now[:-1]:
-                internal_kv._internal_kv_del(below, namespace=NAMESPACE)  # never live again
-            return RunLock(job_name, run_id, key)
-        # a higher generation appeared: this one was taken from an old listing
-        internal_kv._internal_kv_del(key, namespace=NAMESPACE)
+        try:
+            now = _generations(prefix)
+            if now[-1][0] == top + 1:
+                for _generation, below in now[:-1]:
+                    _delete_quietly(below)  # never live again
+                return lock
+            # a higher generation appeared: this one was taken from an old listing
+            _delete_quietly(key)
+        except BaseException:
+            release_run_lock(lock)  # a record that names this live process: free it
+            raise
         time.sleep(0.01)
     raise ConcurrentRunError(f"job {job_name!r}: could not take its run lock")
 
 
+def _put_if_absent(key: bytes, value: bytes) -> bool:
+    """Put ``value`` under ``key`` unless the key exists; True when this put made it (also
+    when a retried call found the value its own first try had put)."""
+    if not internal_kv._internal_kv_put(key, value, overwrite=False, namespace=NAMESPACE):
+        return True
+    return internal_kv._internal_kv_get(key, namespace=NAMESPACE) == value
+
+
+def _delete_quietly(key: bytes) -> None:
+    try:
+        internal_kv._internal_kv_del(key, namespace=NAMESPACE)
+    except Exception:  # noqa: BLE001 - a generation below the highest: harmless if left
+        pass
+
+
 def release_run_lock(lock: RunLock | None) -> None:
-    """Release ``lock`` (its own generation only; repeating it does nothing more)."""
+    """Release ``lock`` (its own generation only; repeating it does nothing more). A
+    failed release is tried again: a record left live would hold the job name for as long
+    as the process that took it lives."""
     if lock is None:
         return
-    try:
-        record = _read(lock.key)
-        if record is not None and record.run_id == lock.run_id and not record.released:
-            released = _Record(record.run_id, record.host, released=True)
-            internal_kv._internal_kv_put(lock.key, released.encode(), namespace=NAMESPACE)
-    except Exception:  # noqa: BLE001 - Ray is gone: so is every lock it held
-        pass
+    for pause in _RELEASE_PAUSES_S:
+        try:
+            record = _read(lock.key)
+            if record is not None and record.run_id == lock.run_id and not record.released:
+                released = _Record(record.run_id, record.host, released=True)
+                internal_kv._internal_kv_put(lock.key, released.encode(), namespace=NAMESPACE)
+            return
+        except Exception:  # noqa: BLE001 - the GCS busy or restarting: again, or gone
+            if pause is None or not ray.is_initialized():
+                return
+            time.sleep(pause)
 
 
 def _holding(job_name: str, run_id: str) -> RunLock | None:

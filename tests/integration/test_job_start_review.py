@@ -42,7 +42,7 @@ class _DiesWhileStarting:
 @pytest.fixture
 def fresh_host(monkeypatch):
     """The next lock taken in this process makes a new lock host (the old one stays)."""
-    monkeypatch.setattr(run_lock, "_host", None)
+    monkeypatch.setattr(run_lock, "_hosts", {})
 
 
 def test_a_lock_whose_host_dies_while_starting_still_refuses_a_second_run(monkeypatch, fresh_host):
@@ -65,7 +65,7 @@ def test_a_lock_whose_host_is_killed_while_its_run_goes_on_still_refuses_a_secon
 ):
     job = _job_name("killed")
     first = acquire_run_lock(job, "run-first")
-    host = run_lock._host[2]
+    ((_name, host),) = run_lock._hosts.values()
     pid = ray.get(host.__ray_call__.remote(lambda self: os.getpid()))
     os.kill(pid, signal.SIGKILL)
     time.sleep(2)
@@ -288,3 +288,82 @@ def test_a_lookup_of_a_live_host_that_fails_once_does_not_free_its_lock(monkeypa
     finally:
         monkeypatch.undo()
         release_run_lock(first)
+
+
+def test_a_lock_host_that_ray_destroyed_is_made_again_for_the_next_run(fresh_host):
+    """Schedule: the process's lock host is destroyed by Ray (``ray.kill``, or its creation
+    failed): its name goes. Before: the host stayed cached, every later record named it
+    and looked dead at once, and a second run took the name beside the first."""
+    job = _job_name("host-destroyed")
+    release_run_lock(acquire_run_lock(job, "run-0"))
+    ((_name, host),) = run_lock._hosts.values()
+    ray.kill(host, no_restart=True)
+    time.sleep(1)
+    first = acquire_run_lock(job, "run-1")
+    try:
+        with pytest.raises(ConcurrentRunError, match="run-1"):
+            acquire_run_lock(job, "run-2")
+    finally:
+        release_run_lock(first)
+
+
+def test_a_take_that_fails_after_its_put_leaves_the_name_free(monkeypatch):
+    """Schedule: the put of the next generation lands, then the store fails (a busy GCS,
+    or an interrupt) while the taker deletes the generations below. Before: the record
+    named this live process, nobody released it, and the name was refused for as long
+    as the process lived."""
+    job = _job_name("fails-after-put")
+    release_run_lock(acquire_run_lock(job, "run-0"))
+    real = run_lock.internal_kv._internal_kv_del
+    failures = []
+
+    def failing(key, *args, **kwargs):
+        if not failures:
+            failures.append(key)
+            raise KeyboardInterrupt
+        return real(key, *args, **kwargs)
+
+    monkeypatch.setattr(run_lock.internal_kv, "_internal_kv_del", failing)
+    with pytest.raises(KeyboardInterrupt):
+        acquire_run_lock(job, "run-1")
+    monkeypatch.undo()
+    assert failures
+    assert run_lock_holder(job) is None
+    release_run_lock(acquire_run_lock(job, "run-2"))
+
+
+def test_a_release_whose_first_try_fails_still_releases(monkeypatch):
+    job = _job_name("release-fails")
+    lock = acquire_run_lock(job, "run-0")
+    real = run_lock.internal_kv._internal_kv_put
+    failures = []
+
+    def failing(key, *args, **kwargs):
+        if not failures:
+            failures.append(key)
+            raise ConnectionError("the GCS is restarting")
+        return real(key, *args, **kwargs)
+
+    monkeypatch.setattr(run_lock.internal_kv, "_internal_kv_put", failing)
+    release_run_lock(lock)
+    monkeypatch.undo()
+    assert failures
+    assert run_lock_holder(job) is None
+
+
+def test_a_put_retried_after_it_landed_still_takes_the_lock(monkeypatch):
+    """Schedule: the store applies the put but its reply is lost; the retried call finds
+    the key and says it exists. Before: the taker looped, read its own live record and
+    refused itself, and the record held the name for the process's life."""
+    job = _job_name("retried-put")
+    real = run_lock.internal_kv._internal_kv_put
+
+    def lost_reply(key, value, overwrite=True, namespace=None):
+        real(key, value, overwrite=overwrite, namespace=namespace)
+        return True  # "it existed": the retry's answer
+
+    monkeypatch.setattr(run_lock.internal_kv, "_internal_kv_put", lost_reply)
+    lock = acquire_run_lock(job, "run-0")
+    monkeypatch.undo()
+    assert run_lock_holder(job) == "run-0"
+    release_run_lock(lock)
