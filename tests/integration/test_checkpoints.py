@@ -55,7 +55,10 @@ def test_periodic_and_final_checkpoints_are_recorded(mode, tmp_path):
     # retained: the two newest, each with its metadata, in this run's own directory
     run_dir = tmp_path / job / result.run_id
     assert result.checkpoint_location == str(run_dir)
-    retained = sorted(p.name for p in run_dir.iterdir() if p.name.startswith("chk-"))
+    retained = sorted(
+        (p.name for p in run_dir.iterdir() if p.name.startswith("chk-")),
+        key=lambda name: int(name.removeprefix("chk-")),
+    )
     assert retained == [f"chk-{i}" for i in ids[-2:]]
     assert all((run_dir / name / "_metadata").exists() for name in retained)
 
