@@ -112,7 +112,7 @@ class _Subtask:
         self.vertex = vertex
         self.index = index
         self.operators: list[Operator] = [_copy(spec.factory)() for spec in vertex.operators]
-        self.outputs: list[tuple[Partitioner, list[_Subtask], str | None]] = []
+        self.outputs: list[tuple[Partitioner, list[_Subtask], str | None, int]] = []
         self.reader: Any = None
         self.current = vertex.name  # what runs now, for errors
 
@@ -173,7 +173,9 @@ class _Run:
             if recover is not None:
                 recover(None)
 
-    def _outputs(self, vertex: VertexSpec, index: int) -> list[tuple[Partitioner, list[_Subtask]]]:
+    def _outputs(
+        self, vertex: VertexSpec, index: int
+    ) -> list[tuple[Partitioner, list[_Subtask], str | None, int]]:
         outputs = []
         for edge_id in vertex.out_edges:
             edge = self.graph.edges[edge_id]
@@ -185,31 +187,37 @@ class _Run:
             partitioner = Partitioner(
                 edge.partitioner, index, len(receivers), target.max_parallelism
             )
-            outputs.append((partitioner, list(receivers), edge.side_output))
+            position = self.graph.output_position(edge_id)
+            outputs.append((partitioner, list(receivers), edge.side_output, position))
         return outputs
 
     def process(self, sub: _Subtask, batch: pa.RecordBatch, start: int = 0) -> None:
-        batches = [batch]
+        """``batch`` (the output of the operator before ``start``) through the operators
+        from ``start`` on; each operator's output goes to the edges that leave there."""
+        batches: list[Any] = [batch]
         specs = sub.vertex.operators
+        self.emit(sub, batches, start - 1)
         for position in range(start, len(sub.operators)):
             op = sub.operators[position]
             sub.current = specs[position].name
             produced: list[pa.RecordBatch] = []
             for b in batches:
-                if not isinstance(b, SideOutput):  # read by nothing inside a chain
+                if not isinstance(b, SideOutput):  # emitted where it was made
                     produced.extend(op.process(b))
             if not produced:
                 return
+            self.emit(sub, produced, position)
             batches = produced
-        self.emit(sub, batches)
 
-    def emit(self, sub: _Subtask, batches: list[pa.RecordBatch | SideOutput]) -> None:
+    def emit(
+        self, sub: _Subtask, batches: list[pa.RecordBatch | SideOutput], position: int
+    ) -> None:
         for b in batches:
             if b.num_rows == 0:
                 continue
             tag, data = (b.tag, b.batch) if isinstance(b, SideOutput) else (None, b)
-            for partitioner, receivers, side_output in sub.outputs:
-                if side_output != tag:
+            for partitioner, receivers, side_output, at in sub.outputs:
+                if side_output != tag or at != position:
                     continue
                 for target, part in partitioner.route(data):
                     self.guarded(receivers[target], self.process, part)

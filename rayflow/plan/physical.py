@@ -7,9 +7,13 @@ Translation from the logical plan:
   REBALANCE otherwise; an explicit FORWARD between different parallelisms is an
   error;
 * a transformation is chained into its input's vertex when it has exactly one
-  input, that edge is FORWARD, both have the same parallelism, the input has
-  no other consumer, both are in the same slot sharing group, and chaining is
-  enabled for both;
+  input, that edge is FORWARD and carries the input's main output, both have the same
+  parallelism, nothing was chained after the input yet, both are in the same slot
+  sharing group, and chaining is enabled for both. An input with several consumers
+  (a stream written to a sink and also keyed, say) so keeps its first chainable one in
+  its chain, as Flink does, and the others get edges of their own: an edge leaves the
+  vertex at the operator whose output it carries (:attr:`EdgeSpec.source_position`),
+  not only at the chain's end;
 * a transformation without a slot sharing group takes its inputs' group when they
   all have the same one (as in Flink); a vertex's resource request is the sum of
   its operators' (``set_resources``).
@@ -53,6 +57,9 @@ class EdgeSpec:
     partitioner: PartitionerSpec
     #: the side output (tag id) of the sending vertex this edge carries; None: its main
     side_output: str | None = None
+    #: the operator of the sending vertex whose output this edge carries: its index in
+    #: the vertex's ``operators``, -1 for the vertex's source; None: the chain's last
+    source_position: int | None = None
 
 
 @dataclass
@@ -117,6 +124,14 @@ class JobGraph:
         """Each sink's ``GuaranteeResolution`` by operator name (None before resolution)."""
         return {spec.name: spec.guarantee for spec in self.sink_specs()}
 
+    def output_position(self, edge_id: int) -> int:
+        """The operator of the sending vertex whose output edge ``edge_id`` carries: its
+        index in the vertex's ``operators``, -1 for the vertex's source."""
+        edge = self.edges[edge_id]
+        if edge.source_position is not None:
+            return edge.source_position
+        return len(self.vertices[edge.source_vertex].operators) - 1
+
     def explain(self) -> str:
         lines = []
         for vid in self.topological_order():
@@ -124,11 +139,21 @@ class JobGraph:
             chain = " -> ".join(op.name for op in v.operators)
             head = f"[{vid}] {v.name} (parallelism {v.parallelism})"
             lines.append(head + (f": {chain}" if chain else ""))
+            last = len(v.operators) - 1
             for eid in v.out_edges:
                 e = self.edges[eid]
                 target = self.vertices[e.target_vertex]
+                position = self.output_position(eid)
+                origin = ""
+                if position != last:
+                    origin = (
+                        " (from "
+                        + (v.name.split(" -> ")[0] if position < 0 else v.operators[position].name)
+                        + ")"
+                    )
                 lines.append(
                     f"    --{e.partitioner.describe()}--> [{target.vertex_id}] {target.name}"
+                    f"{origin}"
                 )
         return "\n".join(lines)
 
@@ -187,6 +212,10 @@ def build_job_graph(
 
     _check_unique_uids(real)
     vertex_of: dict[int, int] = {}
+    # where each transformation's output leaves its vertex: its index among the vertex's
+    # operators (-1: the source); and the transformation each vertex's chain ends with
+    position_of: dict[int, int] = {}
+    tail_of: dict[int, int] = {}
     vertices: dict[int, VertexSpec] = {}
     edges: dict[int, EdgeSpec] = {}
     for t in real:
@@ -199,7 +228,7 @@ def build_job_graph(
             and upstream.chainable
             and inputs[0].partitioner.kind is PartitionKind.FORWARD
             and inputs[0].side_output is None
-            and consumer_count[upstream.id] == 1
+            and tail_of[vertex_of[upstream.id]] == upstream.id
             and parallelism[upstream.id] == parallelism[t.id]
             and group[upstream.id] == group[t.id]
         )
@@ -222,11 +251,14 @@ def build_job_graph(
                     target_vertex=vertex.vertex_id,
                     partitioner=edge.partitioner,
                     side_output=edge.side_output,
+                    source_position=position_of[edge.upstream],
                 )
                 edges[edge_spec.edge_id] = edge_spec
                 vertex.in_edges.append(edge_spec.edge_id)
                 vertices[edge_spec.source_vertex].out_edges.append(edge_spec.edge_id)
         vertex_of[t.id] = vertex.vertex_id
+        tail_of[vertex.vertex_id] = t.id
+        position_of[t.id] = len(vertex.operators) - (1 if t.kind == "source" else 0)
         vertex.resources = vertex.resources.plus(t.resources)
         uid = t.uid or f"{t.kind}-{t.id}"
         if t.kind == "source":

@@ -67,6 +67,7 @@ class Deployer:
                     # keys are routed by the receiving operator's key groups
                     max_parallelism=target.max_parallelism,
                     side_output=edge.side_output,
+                    position=graph.output_position(edge_id),
                 )
             )
         return outputs

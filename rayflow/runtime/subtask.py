@@ -117,6 +117,9 @@ class OutputDeployment:
     max_parallelism: int = 128  # the receiving operator's: keys go to its key groups
     #: the side output (tag id) this edge carries; None: the main output
     side_output: str | None = None
+    #: the operator whose output this edge carries: its index in the vertex's operators,
+    #: -1 for the source; None: the chain's last (an edge may leave a chain midway)
+    position: int | None = None
 
 
 @dataclass
@@ -278,6 +281,7 @@ class _RecordWriter:
         self._next_marker_channel = 0
         self._on_buffered = on_buffered
         self.side_output = output.side_output
+        self.position = output.position
 
     async def emit(self, batch: pa.RecordBatch, origin: float) -> int:
         rows = 0
@@ -376,6 +380,13 @@ class Subtask:
             )
             for o in deployment.outputs
         ]
+        # The writers of each operator's output, by its position in the chain (-1: the
+        # source); an edge without one leaves at the chain's end.
+        last = len(deployment.vertex.operators) - 1
+        self._writers_at: dict[int, list[_RecordWriter]] = {}
+        for writer in self.writers:
+            position = last if writer.position is None else writer.position
+            self._writers_at.setdefault(position, []).append(writer)
         #: the armed buffer timer, the only one (a sooner one cancels it), and when it
         #: fires by the wall clock; None when none is armed or its flush was served
         self._buffer_timer: asyncio.TimerHandle | None = None
@@ -1189,35 +1200,45 @@ class Subtask:
             self._finished = True
 
     async def _process(self, batch: pa.RecordBatch, start: int = 0) -> None:
-        batches = [batch]
+        """``batch``, the output of the operator before ``start`` (the source's, or the
+        vertex's input, at 0), through the operators from ``start`` on. Each operator's
+        output goes to the edges that leave the chain there, then on to the next."""
         operators = self.operators
-        last = len(operators) - 1
+        batches: list[Any] = [batch]
+        if start - 1 in self._writers_at:
+            await self._emit(batches, start - 1)
         for position in range(start, len(operators)):
             op = operators[position]
             self._current_operator = self.d.vertex.operators[position].name
             produced: list[pa.RecordBatch] = []
             for b in batches:
                 if isinstance(b, SideOutput):
-                    continue  # a side output read by nothing (a chain goes on with the main)
+                    continue  # emitted where it was made (or read by nothing)
                 produced.extend(op.process(b))
             if not produced:
                 return
+            if position in self._writers_at:
+                await self._emit(produced, position)
             batches = produced
-            if position < last:
-                batches = [b for b in produced if not isinstance(b, SideOutput)]
-        await self._emit(batches)
 
-    async def _emit(self, batches: list[pa.RecordBatch | SideOutput]) -> None:
+    async def _emit(
+        self, batches: list[pa.RecordBatch | SideOutput], position: int | None = None
+    ) -> None:
+        """Send ``batches``, the output of the operator at ``position`` (None: the chain's
+        last), on the edges that leave the chain there."""
+        if position is None:
+            position = len(self.operators) - 1
+        writers = self._writers_at.get(position, ())
         origin = self._origin or time.time()
         for b in batches:
             if b.num_rows == 0:
                 continue
             if isinstance(b, SideOutput):
-                for writer in self.writers:
+                for writer in writers:
                     if writer.side_output == b.tag:
                         self.metrics_["records_out"] += await writer.emit(b.batch, origin)
                 continue
-            for writer in self.writers:
+            for writer in writers:
                 if writer.side_output is None:
                     self.metrics_["records_out"] += await writer.emit(b, origin)
             self.metrics_["batches_out"] += 1

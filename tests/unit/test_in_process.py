@@ -220,3 +220,32 @@ def test_several_open_streams_are_collected_by_name():
     }
     with pytest.raises(ValueError, match="2 streams"):
         _ = result.records
+
+
+def test_an_edge_that_leaves_a_chain_midway_carries_that_operator_s_output():
+    """``with-key`` chains its sink ``raw`` and also feeds a keyed sum: the sum gets
+    with-key's records, every one once; the source's own output goes to a third consumer."""
+    e = env(2)
+    numbers = e.from_source(NumberSequenceSource(0, 99), "numbers")
+    keyed = numbers.map(lambda r: {"key": r["value"] % 3, "value": r["value"]}, name="with-key")
+    raw, sums, plain = CollectSink(), CollectSink(), CollectSink()
+    keyed.sink_to(raw, "raw")
+    keyed.key_by("key").reduce(
+        lambda a, b: {"key": a["key"], "value": a["value"] + b["value"]}
+    ).sink_to(sums, "sums")
+    numbers.sink_to(plain, "plain")
+    graph = e.get_job_graph()
+    assert [v.name for v in graph.vertices.values()] == [
+        "numbers -> with-key -> raw",
+        "Reduce -> sums",
+        "plain",
+    ]
+    result = run_in_process(e)
+    assert sorted(result.sink_result(raw).column("value").to_pylist()) == list(range(100))
+    assert sorted(result.sink_result(plain).column("value").to_pylist()) == list(range(100))
+    table = result.sink_result(sums)
+    assert table.num_rows == 100
+    last = {}
+    for row in table.to_pylist():
+        last[row["key"]] = max(last.get(row["key"], 0), row["value"])
+    assert last == {k: sum(v for v in range(100) if v % 3 == k) for k in range(3)}

@@ -122,3 +122,53 @@ def test_a_uid_that_names_another_operator_by_default_is_an_error():
     stream.sink_to(CollectSink(), name="s2").uid(taken)
     with pytest.raises(PlanError, match="uid"):
         e.get_job_graph()
+
+
+def _with_key(batch: pa.RecordBatch) -> pa.RecordBatch:
+    return batch.append_column("key", pa.array(np.asarray(batch.column("value")) % 3))
+
+
+def test_a_stream_with_several_consumers_keeps_its_first_chainable_one_in_its_chain():
+    """As in Flink, an operator whose output is also keyed elsewhere still chains its
+    forward consumer; the keyed edge leaves the chain at that operator, not at its end."""
+    e = env()
+    keyed = e.from_source(NumberSequenceSource(0, 9), "numbers").map_batches(_with_key, "with-key")
+    keyed.sink_to(CollectSink(), "raw")
+    keyed.key_by("key").sum("value").sink_to(CollectSink(), "sums")
+    graph = e.get_job_graph()
+    assert [[op.name for op in v.operators] for v in graph.vertices.values()] == [
+        ["with-key", "raw"],
+        ["Sum", "sums"],
+    ]
+    (edge,) = graph.edges.values()
+    assert edge.partitioner.kind is PartitionKind.HASH
+    assert graph.output_position(edge.edge_id) == 0  # with-key's output, not raw's
+    assert "--HASH('key')--> [1] Sum -> sums (from with-key)" in graph.explain()
+
+
+def test_a_source_with_several_consumers_sends_from_the_source_itself():
+    e = env()
+    numbers = e.from_source(NumberSequenceSource(0, 9), "numbers")
+    numbers.sink_to(CollectSink(), "raw")
+    numbers.map(lambda r: r, name="copy").sink_to(CollectSink(), "copies")
+    graph = e.get_job_graph()
+    assert [v.name for v in graph.vertices.values()] == ["numbers -> raw", "copy -> copies"]
+    (edge,) = graph.edges.values()
+    assert edge.partitioner.kind is PartitionKind.FORWARD
+    assert graph.output_position(edge.edge_id) == -1
+    assert "(from numbers)" in graph.explain()
+
+
+def test_only_one_consumer_continues_a_chain_and_edges_of_the_end_say_nothing_more():
+    e = env()
+    mapped = e.from_source(NumberSequenceSource(0, 9), "numbers").map(lambda r: r, name="m")
+    mapped.sink_to(CollectSink(), "first")
+    mapped.sink_to(CollectSink(), "second")
+    graph = e.get_job_graph()
+    assert [v.name for v in graph.vertices.values()] == ["numbers -> m -> first", "second"]
+    (edge,) = graph.edges.values()
+    assert graph.output_position(edge.edge_id) == 0
+    # an edge from the chain's last operator reads as before
+    e2 = env()
+    e2.from_source(NumberSequenceSource(0, 9)).key_by("value").sum("value").sink_to(CollectSink())
+    assert "(from" not in e2.get_job_graph().explain()
