@@ -19,8 +19,9 @@ return value it owns (the object-store tier).
 Latency markers: every ``latency_tracking_interval_ms`` a source subtask sends a
 :class:`~rayflow.runtime.events.LatencyMarker` after the batch it just emitted, on one
 channel of each out-edge (the next one each time). Other subtasks forward a marker they
-take from the gate the same way, past their operators; a subtask without outputs records
-its age in a :class:`~rayflow.runtime.latency.LatencyTracker`.
+take from the gate the same way, past their operators; a subtask without outputs, or whose
+chain holds a sink (a stream written to a sink and also sent on), records its age in a
+:class:`~rayflow.runtime.latency.LatencyTracker`.
 
 End of input: sources whose splits are exhausted send ``EndOfInput`` but, when
 checkpointing is on, stay alive for the final checkpoint; every subtask finishes
@@ -1100,13 +1101,14 @@ class Subtask:
             await self._on_latency_marker(event)
 
     async def _on_latency_marker(self, marker: LatencyMarker) -> None:
-        """Forward ``marker`` past the operators, or record its age at the sink end."""
+        """Record ``marker``'s age where a sink is reached, and forward it past the
+        operators on the outputs."""
+        if self.d.vertex.sinks or not self.writers:
+            self.latency.record_ms((time.time() - marker.created_at) * 1000.0)
         if self.writers:
             origin = self._origin or time.time()
             for writer in self.writers:
                 await writer.send_marker(marker, origin)
-        else:
-            self.latency.record_ms((time.time() - marker.created_at) * 1000.0)
 
     def _count_in(self, batch: pa.RecordBatch) -> None:
         m = self.metrics_

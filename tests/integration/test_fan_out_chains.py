@@ -25,6 +25,7 @@ def test_edges_leaving_a_chain_midway_are_exactly_once_through_a_kill():
     env = StreamExecutionEnvironment.get_execution_environment().set_parallelism(2)
     env.enable_checkpointing(200, CheckpointingMode.EXACTLY_ONCE)
     env.set_restart_strategy(RestartStrategies.fixed_delay_restart(3, 50))
+    env.set_latency_tracking_interval(10)
     inject_faults(
         env,
         FaultPlan([Fault(FaultPoint.AFTER_RECORDS, vertex="Sum", subtask=1, records=40_000)]),
@@ -51,3 +52,11 @@ def test_edges_leaving_a_chain_midway_are_exactly_once_through_a_kill():
     expected = np.bincount(values % KEYS, weights=values, minlength=KEYS).astype(np.int64)
     per_key = table.group_by("key").aggregate([("value", "max")]).to_pylist()
     assert {r["key"]: r["value_max"] for r in per_key} == {k: int(expected[k]) for k in range(KEYS)}
+    # a chain that holds a sink records the age of latency markers it also sends on
+    recorded = {
+        (m["vertex"], m["subtask"]): m["latency"]["count"]
+        for m in result.metrics
+        if m["attempt"] == max(x["attempt"] for x in result.metrics)
+    }
+    assert all(recorded[("numbers -> with-key -> raw", i)] > 0 for i in range(2)), recorded
+    assert all(recorded[("Sum -> sums", i)] > 0 for i in range(2)), recorded
