@@ -310,6 +310,13 @@ class DataStreamSink:
         _set_slot_sharing_group(self._transformation, name)
         return self
 
+    def disable_chaining(self) -> DataStreamSink:
+        """Run this sink in subtasks of its own, never chained to the operator before it
+        (Flink's ``DataStreamSink.disableChaining``): e.g. a slow sink written beside a
+        keyed stream, which chained would hold up the keyed edge."""
+        self._transformation.chainable = False
+        return self
+
 
 def _set_resources(
     transformation: Transformation,

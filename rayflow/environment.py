@@ -887,7 +887,7 @@ def _build_result(job_name: str, graph: JobGraph, raw: dict[str, Any]) -> JobRes
     for vertex_id, subtask_outputs in raw["outputs"].items():
         vertex = graph.vertices[vertex_id]
         metrics.extend(o["metrics"] for o in subtask_outputs)
-        if vertex.sinks or not vertex.out_edges:  # a sink, or the end of a stream
+        if not vertex.out_edges or (vertex.sinks and not vertex.is_source):  # a sink's
             sink_end_latencies.extend(
                 LatencyTracker.from_summary(o["metrics"]["latency"])
                 for o in subtask_outputs

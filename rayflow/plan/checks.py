@@ -203,15 +203,16 @@ def _known_schema(source: Any) -> pa.Schema | None:
 
 def _input_schemas(graph: JobGraph, vertex: VertexSpec) -> list[pa.Schema] | None:
     """The schemas of the records reaching ``vertex`` when each input is a source whose
-    schema is known (with only filters chained to it), else None."""
+    schema is known (with only filters chained to it before the edge leaves), else None."""
     from rayflow.runtime.operators import FilterOperator
 
     schemas = []
     for edge_id in vertex.in_edges:
         upstream = graph.vertices[graph.edges[edge_id].source_vertex]
         schema = _known_schema(upstream.source) if upstream.is_source else None
+        before = upstream.operators[: graph.output_position(edge_id) + 1]
         if schema is None or any(
-            getattr(op.factory, "cls", None) is not FilterOperator for op in upstream.operators
+            getattr(op.factory, "cls", None) is not FilterOperator for op in before
         ):
             return None
         schemas.append(schema)

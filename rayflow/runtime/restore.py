@@ -80,9 +80,13 @@ def check_channel_state(graph: JobGraph, restore: CheckpointMetadata, where: str
             f"{where}: checkpoint {restore.checkpoint_id} is unaligned (it holds {size:,} "
             "bytes of in-flight data as channel state), and channel state cannot be "
             "redistributed to another job graph or parallelism (changed: "
-            f"{', '.join(changes)}). Restore it at the parallelism it was taken with, then "
-            "take an aligned checkpoint (run with unaligned checkpoints off; the final "
-            "checkpoint of a job that ends is always aligned) and rescale from that one."
+            f"{', '.join(changes)}). Restore it with the job graph it was taken with (the "
+            "same parallelism and the same operators chained together: a chain that changed "
+            "without a change of code, e.g. a stream with several consumers that now keeps one "
+            "of them in its chain, is restored as before with disable_chaining() on that "
+            "consumer), then take an aligned checkpoint (run with unaligned checkpoints off; "
+            "the final checkpoint of a job that ends is always aligned) and change the job "
+            "from that one."
         )
 
 

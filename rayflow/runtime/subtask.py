@@ -20,8 +20,8 @@ Latency markers: every ``latency_tracking_interval_ms`` a source subtask sends a
 :class:`~rayflow.runtime.events.LatencyMarker` after the batch it just emitted, on one
 channel of each out-edge (the next one each time). Other subtasks forward a marker they
 take from the gate the same way, past their operators; a subtask without outputs, or whose
-chain holds a sink (a stream written to a sink and also sent on), records its age in a
-:class:`~rayflow.runtime.latency.LatencyTracker`.
+chain holds a sink (a stream written to a sink and also sent on) and no source, records its
+age in a :class:`~rayflow.runtime.latency.LatencyTracker`.
 
 End of input: sources whose splits are exhausted send ``EndOfInput`` but, when
 checkpointing is on, stay alive for the final checkpoint; every subtask finishes
@@ -1103,7 +1103,9 @@ class Subtask:
     async def _on_latency_marker(self, marker: LatencyMarker) -> None:
         """Record ``marker``'s age where a sink is reached, and forward it past the
         operators on the outputs."""
-        if self.d.vertex.sinks or not self.writers:
+        vertex = self.d.vertex
+        if not self.writers or (vertex.sinks and not vertex.is_source):
+            # (a sink chained to the source, where markers start, would record only zeros)
             self.latency.record_ms((time.time() - marker.created_at) * 1000.0)
         if self.writers:
             origin = self._origin or time.time()

@@ -172,3 +172,28 @@ def test_only_one_consumer_continues_a_chain_and_edges_of_the_end_say_nothing_mo
     e2 = env()
     e2.from_source(NumberSequenceSource(0, 9)).key_by("value").sum("value").sink_to(CollectSink())
     assert "(from" not in e2.get_job_graph().explain()
+
+
+def test_a_field_missing_from_a_stream_that_also_feeds_a_chained_sink_is_named_at_build():
+    """The keyed edge carries the source's own records even though a sink is chained after
+    the source: the sum's field is still checked against the source's columns."""
+    e = env()
+    numbers = e.from_source(NumberSequenceSource(0, 9), "numbers")
+    numbers.sink_to(CollectSink(), "raw")
+    numbers.key_by("value").sum("vlaue").sink_to(CollectSink(), "sums")
+    with pytest.raises(KeyError, match=r"sum\('vlaue'\): no such column"):
+        e.get_job_graph()
+
+
+def test_a_sink_that_disables_chaining_runs_in_subtasks_of_its_own():
+    e = env()
+    keyed = e.from_source(NumberSequenceSource(0, 9), "numbers").map_batches(_with_key, "with-key")
+    keyed.sink_to(CollectSink(), "raw").disable_chaining()
+    keyed.key_by("key").sum("value").sink_to(CollectSink(), "sums")
+    graph = e.get_job_graph()
+    assert [v.name for v in graph.vertices.values()] == [
+        "numbers -> with-key",
+        "raw",
+        "Sum -> sums",
+    ]
+    assert "(from" not in graph.explain()
