@@ -76,7 +76,15 @@ class DataStream:
         return self
 
     def disable_chaining(self) -> DataStream:
+        """Run this operator in subtasks of its own: chained neither to its input nor to
+        what follows it (Flink's ``disableChaining``)."""
         self._transformation.chainable = False
+        return self
+
+    def start_new_chain(self) -> DataStream:
+        """Begin a new chain at this operator: it is not chained to its input, while what
+        follows it may still chain to it (Flink's ``startNewChain``)."""
+        self._transformation.starts_chain = True
         return self
 
     def set_resources(

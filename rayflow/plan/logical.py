@@ -63,6 +63,9 @@ class Transformation:
     sink: Any = None
     operator_factory: Callable[[], Any] | None = None
     chainable: bool = True
+    #: begins a chain: never chained into its input's vertex, though what follows it may
+    #: chain into its own (``start_new_chain``)
+    starts_chain: bool = False
     #: what the operator asks of the cluster (``set_resources``); None: nothing
     resources: ResourceSpec | None = None
     #: subtasks of one group and index share a placement bundle (one node); None:

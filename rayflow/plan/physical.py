@@ -9,11 +9,12 @@ Translation from the logical plan:
 * a transformation is chained into its input's vertex when it has exactly one
   input, that edge is FORWARD and carries the input's main output, both have the same
   parallelism, nothing was chained after the input yet, both are in the same slot
-  sharing group, and chaining is enabled for both. An input with several consumers
-  (a stream written to a sink and also keyed, say) so keeps its first chainable one in
-  its chain, as Flink does, and the others get edges of their own: an edge leaves the
-  vertex at the operator whose output it carries (:attr:`EdgeSpec.source_position`),
-  not only at the chain's end;
+  sharing group, chaining is enabled for both and the transformation does not start a
+  chain of its own. An input with several consumers (a stream written to a sink and
+  also keyed, say) so keeps its first chainable one in its chain, and the others get
+  edges of their own (Flink would chain every chainable one into a tree; a vertex here
+  is one line of operators): an edge leaves the vertex at the operator whose output it
+  carries (:attr:`EdgeSpec.source_position`), not only at the chain's end;
 * a transformation without a slot sharing group takes its inputs' group when they
   all have the same one (as in Flink); a vertex's resource request is the sum of
   its operators' (``set_resources``).
@@ -225,6 +226,7 @@ def build_job_graph(
             chaining
             and upstream is not None
             and t.chainable
+            and not t.starts_chain
             and upstream.chainable
             and inputs[0].partitioner.kind is PartitionKind.FORWARD
             and inputs[0].side_output is None

@@ -83,10 +83,10 @@ def check_channel_state(graph: JobGraph, restore: CheckpointMetadata, where: str
             f"{', '.join(changes)}). Restore it with the job graph it was taken with (the "
             "same parallelism and the same operators chained together: a chain that changed "
             "without a change of code, e.g. a stream with several consumers that now keeps one "
-            "of them in its chain, is restored as before with disable_chaining() on that "
-            "consumer), then take an aligned checkpoint (run with unaligned checkpoints off; "
-            "the final checkpoint of a job that ends is always aligned) and change the job "
-            "from that one."
+            "of them in its chain, is built as before with start_new_chain() on that consumer, "
+            "or disable_chaining() on a sink), then take an aligned checkpoint (run with "
+            "unaligned checkpoints off; the final checkpoint of a job that ends is always "
+            "aligned) and change the job from that one."
         )
 
 

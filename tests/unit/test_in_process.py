@@ -241,6 +241,8 @@ def test_an_edge_that_leaves_a_chain_midway_carries_that_operator_s_output():
         "plain",
     ]
     result = run_in_process(e)
+    assert result.sink_result(raw).column_names == ["key", "value"]
+    assert result.sink_result(plain).column_names == ["value"]  # the source's, not with-key's
     assert sorted(result.sink_result(raw).column("value").to_pylist()) == list(range(100))
     assert sorted(result.sink_result(plain).column("value").to_pylist()) == list(range(100))
     table = result.sink_result(sums)

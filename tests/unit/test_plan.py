@@ -197,3 +197,22 @@ def test_a_sink_that_disables_chaining_runs_in_subtasks_of_its_own():
         "Sum -> sums",
     ]
     assert "(from" not in graph.explain()
+
+
+def test_start_new_chain_rebuilds_the_chains_a_stream_with_several_consumers_had():
+    """Before a stream with several consumers chained one of them, ``M`` ended its vertex:
+    ``start_new_chain()`` on the consumer builds those vertices again (what an unaligned
+    checkpoint of the earlier graph needs), with the operators after it still chained."""
+
+    def build(new_chain: bool):
+        e = env()
+        m = e.from_source(NumberSequenceSource(0, 9), "numbers").map(lambda r: r, name="M")
+        n = m.map(lambda r: r, name="N")
+        if new_chain:
+            n = n.start_new_chain()
+        n.map(lambda r: r, name="N2").sink_to(CollectSink(), "out")
+        m.key_by("value").sum("value").sink_to(CollectSink(), "sums")
+        return [[op.name for op in v.operators] for v in e.get_job_graph().vertices.values()]
+
+    assert build(False) == [["M", "N", "N2", "out"], ["Sum", "sums"]]
+    assert build(True) == [["M"], ["N", "N2", "out"], ["Sum", "sums"]]
