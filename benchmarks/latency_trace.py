@@ -399,7 +399,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     print("command: python " + shlex.join(sys.argv if argv is None else [__file__, *argv]))
-    print(f"load average: {bench._load_text()}", flush=True)
+    print(f"load average: {bench.load_text()}", flush=True)
 
     trace_dir = tempfile.mkdtemp(prefix="rayflow-latency-trace-")
     storage = tempfile.mkdtemp(prefix="rayflow-latency-trace-ckpt-")

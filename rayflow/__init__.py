@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from rayflow.config import (
         CheckpointConfig,
         CheckpointingMode,
+        DataTransport,
         ExecutionConfig,
         RestartStrategies,
         RestartStrategy,
@@ -124,6 +125,7 @@ _EXPORTS: dict[str, str] = {
     "CommittableSerializer": "rayflow.sink",
     "CheckpointConfig": "rayflow.config",
     "CheckpointingMode": "rayflow.config",
+    "DataTransport": "rayflow.config",
     "ExecutionConfig": "rayflow.config",
     "RestartStrategies": "rayflow.config",
     "RestartStrategy": "rayflow.config",
@@ -194,6 +196,7 @@ __all__ = [
     "CommittableSerializer",
     "CheckpointConfig",
     "CheckpointingMode",
+    "DataTransport",
     "ExecutionConfig",
     "RestartStrategies",
     "RestartStrategy",

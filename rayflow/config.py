@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
+    "DataTransport",
     "CheckpointAlignment",
     "CheckpointingMode",
     "CheckpointConfig",
@@ -28,6 +29,17 @@ class CheckpointingMode(enum.Enum):
 
     EXACTLY_ONCE = "exactly-once"
     AT_LEAST_ONCE = "at-least-once"
+
+
+class DataTransport(enum.Enum):
+    """How subtasks send batches and events to each other
+    (:meth:`~rayflow.StreamExecutionEnvironment.set_data_transport`)."""
+
+    #: TCP connections between the subtask processes, one per sending and receiving
+    #: subtask (the default): a message costs tens of microseconds
+    SOCKET = "socket"
+    #: one Ray actor call per message: about a millisecond or two of CPU on each side
+    RAY = "ray"
 
 
 class CheckpointAlignment(enum.Enum):

@@ -26,6 +26,7 @@ from rayflow.checkpoint.storage import JobStorage, new_run_id, open_checkpoint_p
 from rayflow.config import (
     CheckpointConfig,
     CheckpointingMode,
+    DataTransport,
     ExecutionConfig,
     RestartStrategy,
 )
@@ -1067,6 +1068,7 @@ class StreamExecutionEnvironment:
         self._latency_tracking_interval_ms = DEFAULT_LATENCY_TRACKING_INTERVAL_MS
         self._debloat_target_ms: int | None = None
         self._buffer_timeout_ms = DEFAULT_BUFFER_TIMEOUT_MS
+        self._data_transport = DataTransport.SOCKET
         self._buffer_bytes: int | None = None  # sized by the channel's bytes
         self._channel_bytes: int | None = None  # sized by each subtask's channels
         self._subtask_options: dict[str, Any] = {}
@@ -1226,6 +1228,32 @@ class StreamExecutionEnvironment:
     def get_buffer_timeout(self) -> int:
         """Milliseconds written data may wait in an output channel (0: sent at once)."""
         return self._buffer_timeout_ms
+
+    def set_data_transport(self, transport: DataTransport | str) -> StreamExecutionEnvironment:
+        """How subtasks send batches and events to each other (Flink's network stack).
+
+        ``DataTransport.SOCKET`` (the default): each subtask serves its input channels on
+        a TCP port of its node, and a sender keeps one connection per receiving subtask
+        (opened through a Ray call to the receiver, which hands out a token of its
+        current attempt; see :mod:`rayflow.runtime.data_plane`). ``DataTransport.RAY``:
+        every message is a Ray actor call, about a millisecond or two of CPU on each
+        side; for clusters whose nodes may not open connections to each other's
+        ephemeral ports (Ray's own calls use its configured worker ports). Ordering,
+        credit, barriers and exactly-once are the same on both."""
+        try:
+            self._data_transport = DataTransport(
+                transport.value if isinstance(transport, DataTransport) else transport
+            )
+        except ValueError:
+            raise ValueError(
+                "set_data_transport: transport must be one of "
+                f"{[t.value for t in DataTransport]}, got {transport!r}"
+            ) from None
+        return self
+
+    def get_data_transport(self) -> DataTransport:
+        """How subtasks send batches and events to each other."""
+        return self._data_transport
 
     def set_output_buffer_size(self, size_bytes: int) -> StreamExecutionEnvironment:
         """An output channel sends what it holds once its batches reach ``size_bytes``
@@ -1474,6 +1502,7 @@ class StreamExecutionEnvironment:
             send_window=self._send_window,
             latency_tracking_interval_ms=self._latency_tracking_interval_ms,
             buffer_timeout_ms=self._buffer_timeout_ms,
+            data_transport=self._data_transport,
             buffer_bytes=self._buffer_bytes,
             object_reuse=self._execution_config.object_reuse,
             channel_bytes=self._channel_bytes,

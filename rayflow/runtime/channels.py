@@ -372,10 +372,14 @@ class OutputChannel:
         buffer_bytes: int = 0,
         window_bytes: int = DEFAULT_CHANNEL_BYTES,
         eager: bool = False,
+        link: Any = None,
     ) -> None:
         if eager and buffer_bytes <= 0:
             raise ValueError("an eager output channel needs buffer_bytes > 0")
         self.receiver = receiver
+        #: the connection messages go over (:class:`~rayflow.runtime.data_plane.DataLink`);
+        #: None: a Ray call to ``receiver`` per message
+        self.link = link
         #: send at once while the window has room; gather while it is full (timeout 0)
         self.eager = eager
         #: a callback is registered on the oldest push, to send the buffer when it returns
@@ -484,13 +488,20 @@ class OutputChannel:
         if self._failure is not None:
             raise self._failure  # a message went missing before this one
         in_flight = self._in_flight
-        pushed = self.receiver.push.remote(self.channel, self._seq, self.attempt, message)
-        if self.eager:  # a future, so that whether it is done can be seen without waiting
+        if self.link is not None:
+            # a future already; a failure is raised where it is awaited or reaped (the
+            # younger pushes of the same lost link must not each be logged as unseen)
+            pushed = self.link.push(self.channel, self._seq, self.attempt, message)
+            pushed.add_done_callback(_retrieved)
+        elif self.eager:  # a future, so that whether it is done can be seen without waiting
+            pushed = self.receiver.push.remote(self.channel, self._seq, self.attempt, message)
             future = getattr(pushed, "future", None)  # a Ray ObjectRef's
             pushed = asyncio.wrap_future(future()) if future else asyncio.ensure_future(pushed)
             # The oldest failure is raised by the next write or flush; the younger ones,
             # of the same lost receiver, must not each be logged as never retrieved.
             pushed.add_done_callback(_retrieved)
+        else:
+            pushed = self.receiver.push.remote(self.channel, self._seq, self.attempt, message)
         in_flight.append(pushed)
         self._in_flight_sizes.append((items, size))
         self._in_flight_items += items

@@ -64,6 +64,10 @@ class Deployer:
                         (actors[(target.vertex_id, r)], graph.channel_index(edge_id, index, r))
                         for r in receivers
                     ],
+                    receiver_names=[
+                        f"subtask {r + 1}/{target.parallelism} of {target.name!r}"
+                        for r in receivers
+                    ],
                     # keys are routed by the receiving operator's key groups
                     max_parallelism=target.max_parallelism,
                     side_output=edge.side_output,
@@ -163,4 +167,5 @@ class Deployer:
             channel_bytes=gate_bytes,
             send_bytes=send_bytes,
             failure_classifier=settings.failure_classifier,
+            data_transport=settings.data_transport,
         )

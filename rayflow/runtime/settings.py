@@ -9,7 +9,12 @@ from typing import Any
 
 from rayflow.checkpoint.metadata import CheckpointMetadata
 from rayflow.checkpoint.storage import CheckpointStorage
-from rayflow.config import CheckpointConfig, RestartStrategy, default_restart_strategy
+from rayflow.config import (
+    CheckpointConfig,
+    DataTransport,
+    RestartStrategy,
+    default_restart_strategy,
+)
 from rayflow.runtime.channels import DEFAULT_BUFFER_TIMEOUT_MS
 from rayflow.runtime.hooks import RuntimeHooks
 from rayflow.runtime.latency import DEFAULT_LATENCY_TRACKING_INTERVAL_MS
@@ -33,6 +38,8 @@ class JobSettings:
     #: channel's bytes, ``channels.buffer_bytes_for``)
     buffer_timeout_ms: int = DEFAULT_BUFFER_TIMEOUT_MS
     buffer_bytes: int | None = None
+    #: how subtasks send channel messages to each other
+    data_transport: DataTransport = DataTransport.SOCKET
     #: per-record operators do not copy what they emit (``ExecutionConfig``)
     object_reuse: bool = False
     #: per channel, the most bytes of batches buffered at the receiver / in flight (None:

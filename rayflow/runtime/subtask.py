@@ -73,6 +73,7 @@ from rayflow.runtime.channels import (
     InputGate,
     OutputChannel,
 )
+from rayflow.runtime.data_plane import DataLinkError, DataLinks, DataTransport
 from rayflow.runtime.debloat import BufferDebloater
 from rayflow.runtime.events import (
     Bundle,
@@ -121,6 +122,8 @@ class OutputDeployment:
     #: the operator whose output this edge carries: its index in the vertex's operators,
     #: -1 for the source; None: the chain's last (an edge may leave a chain midway)
     position: int | None = None
+    #: per receiver, how errors name it
+    receiver_names: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -161,6 +164,10 @@ class SubtaskDeployment:
     #: the job was stopped with a savepoint: a source reads nothing and no operator timer
     #: fires (the attempt only waits for the final checkpoint)
     sources_stopped: bool = False
+    #: how channel messages travel to the receivers (the deployer sets the job's; by
+    #: default a call of each receiver's ``push``, which needs nothing of the receiver
+    #: but that method)
+    data_transport: DataTransport = DataTransport.RAY
 
 
 async def _acknowledgements_out() -> None:
@@ -271,10 +278,22 @@ class _RecordWriter:
         on_buffered: Any = None,
         window_bytes: int = DEFAULT_CHANNEL_BYTES,
         eager: bool = False,
+        links: DataLinks | None = None,
     ) -> None:
+        names = output.receiver_names or [f"receiver of channel {c}" for _, c in output.receivers]
         self.channels = [
-            OutputChannel(h, c, attempt, window, adaptive, buffer_bytes, window_bytes, eager)
-            for h, c in output.receivers
+            OutputChannel(
+                h,
+                c,
+                attempt,
+                window,
+                adaptive,
+                buffer_bytes,
+                window_bytes,
+                eager,
+                links.link(h, name) if links is not None else None,
+            )
+            for (h, c), name in zip(output.receivers, names)
         ]
         self.partitioner = Partitioner(
             output.partitioner, index, len(self.channels), output.max_parallelism
@@ -367,6 +386,10 @@ class Subtask:
         # is written while it has none goes as one bundle when it returns (``eager``).
         eager = deployment.buffer_timeout_s <= 0 and deployment.buffer_bytes > 0
         buffer_bytes = deployment.buffer_bytes
+        #: this attempt's connections to the receivers (closed when its run ends)
+        self._links = (
+            DataLinks(self.attempt) if deployment.data_transport is DataTransport.SOCKET else None
+        )
         self.writers = [
             _RecordWriter(
                 o,
@@ -378,6 +401,7 @@ class Subtask:
                 self._start_buffer_timeout,
                 deployment.send_bytes,
                 eager,
+                self._links,
             )
             for o in deployment.outputs
         ]
@@ -603,6 +627,8 @@ class Subtask:
 
     async def _become(self, deployment: SubtaskDeployment) -> bool:
         self._cancel_buffer_timer()  # the next attempt arms its own
+        if self._links is not None:
+            self._links.close()
         await self.gate.close()
         await self._cancel_async_parts()
         self.__init__(deployment)
@@ -706,7 +732,7 @@ class Subtask:
             }
         except OperatorError:
             raise
-        except ray.exceptions.RayActorError as exc:
+        except (ray.exceptions.RayActorError, DataLinkError) as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else "actor died"
             raise ConnectionError(
                 f"subtask {self.index + 1}/{self.parallelism} of {self.name!r} lost a "
@@ -716,6 +742,8 @@ class Subtask:
             raise self._operator_error(exc) from None
         finally:
             exporting.cancel()
+            if self._links is not None:
+                self._links.close()  # nothing of this attempt arrives after its run
             self._export_metrics()
             self._close_operators()
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import ray
 
+from rayflow.runtime.data_plane import DataAddress, DataServer
 from rayflow.runtime.events import CheckpointBarrier
 from rayflow.runtime.subtask import CONTROL_GROUP, Subtask, SubtaskDeployment
 
@@ -35,6 +36,15 @@ class SubtaskActor:
 
     def __init__(self, deployment: SubtaskDeployment) -> None:
         self._subtask = Subtask(deployment)
+        # The input channels' connections (rayflow.runtime.data_plane); served from the
+        # mailbox's loop once a sender asks where to connect.
+        self._data = DataServer(self._push, self._attempt)
+
+    def _push(self, channel: int, seq: int, attempt: int, message: Any) -> Any:
+        return self._subtask.push(channel, seq, attempt, message)
+
+    def _attempt(self) -> int:
+        return self._subtask.attempt
 
     def __repr__(self) -> str:
         # Ray names the actor by this in the log lines it forwards to the driver
@@ -46,6 +56,10 @@ class SubtaskActor:
     async def push(self, channel: int, seq: int, attempt: int, message: Any) -> int | None:
         """Data from upstream; returns the channel's credit with buffer debloating."""
         return await self._subtask.push(channel, seq, attempt, message)
+
+    async def data_address(self, attempt: int) -> DataAddress:
+        """Where a sender of ``attempt`` connects to push data (on the mailbox's loop)."""
+        return await self._data.address(attempt)
 
     async def run(self) -> dict[str, Any]:
         """The mailbox loop of the deployed attempt, to its end."""

@@ -15,6 +15,7 @@ Endpoint = SubtaskActor.__ray_metadata__.modified_class.__ray_actor_class__
 #: the calls other actors make on a subtask
 REMOTE_CALLS = {
     "push",
+    "data_address",
     "run",
     "clean_up",
     "trigger_checkpoint",
@@ -29,8 +30,11 @@ REMOTE_CALLS = {
     "redeploy",
     "close_for_cancel",
 }
-#: those served from the mailbox's own group: data, and the loop itself
-DATA_CALLS = {"push", "run", "clean_up"}
+#: those served from the mailbox's own group: data, and the loop itself (the data
+#: plane's server lives on the mailbox's loop, where its address is asked for)
+DATA_CALLS = {"push", "data_address", "run", "clean_up"}
+#: calls not handed to the subtask: the actor answers them itself
+OWN_CALLS = {"ready", "data_address"}
 
 
 def _public_methods(cls: type) -> set[str]:
@@ -53,7 +57,7 @@ def test_the_actor_holds_the_remote_calls_and_nothing_else():
 
 
 def test_every_call_is_handed_to_the_subtask_method_of_the_same_signature():
-    for name in REMOTE_CALLS - {"ready"}:
+    for name in REMOTE_CALLS - OWN_CALLS:
         endpoint, subtask = (_parameters(getattr(cls, name)) for cls in (Endpoint, Subtask))
         assert endpoint == subtask, name
         assert inspect.iscoroutinefunction(getattr(Endpoint, name)), name

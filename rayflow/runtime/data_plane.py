@@ -1,0 +1,387 @@
+"""The data plane: channel messages between subtasks over TCP connections of their own.
+
+A push as a Ray actor call costs about 1-2 ms of CPU on each side whatever it carries
+(``benchmarks/RESULTS.md``, Transport), which an unchained job pays on every hop for
+every message. Here each subtask process serves its input channels on a TCP port of its
+node (:class:`DataServer`, on the mailbox's event loop) and each sender keeps one
+connection per receiving subtask (:class:`DataLink`): a push is a frame with the same
+``(channel, seq, attempt, message)`` as the Ray call, answered by a reply frame with what
+the call would return (the channel's credit, or the error). Ordering, credit and barriers
+stay where they were (:mod:`rayflow.runtime.channels`): replies may come in any order,
+and the gate admits by sequence number. Checkpoint triggers, barrier announcements and
+every other control call still go through Ray.
+
+**Who may connect.** A sender learns the address with a Ray call to the receiver's actor
+(``data_address``), so only a holder of its handle can: the address comes with a random
+token of the receiver's current attempt, which the connection's first frame must carry;
+nothing on a connection is unpickled before its token was checked.
+
+**Fencing.** A connection belongs to one attempt (its hello names it). The receiver
+hands out a token only for its current attempt, drops the tokens of others, and closes
+a connection as soon as a frame arrives on it after the subtask became another
+attempt's; a push whose attempt is not the receiver's is dropped by the subtask, as
+through Ray. A link is opened for one attempt and closed with it: what a cancelled
+attempt still had in flight fails there and reaches no one.
+
+**Failures are never silent.** A link that loses its connection (the receiver died, or
+closed it as stale) fails every push in flight and every later one with
+:class:`DataLinkError`, a :class:`ConnectionError` naming the receiver: the sender's
+attempt fails, as it does when a Ray call finds its receiver dead.
+
+Frames (little endian): *hello* ``b"RFD1"``, attempt ``q``, token ``16s``; *push* kind
+``B``, request ``Q``, channel ``i``, seq ``q``, attempt ``q``, buffer count ``I``, then
+the byte lengths (``Q``) of the pickle and of each out-of-band buffer (pickle protocol 5:
+a batch's Arrow buffers go as they are), then those bytes; *reply* kind ``B``, request
+``Q``, credit ``q`` (-1: none), and for an error or a refusal a length ``I`` and UTF-8
+text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import hmac
+import pickle
+import secrets
+import struct
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from rayflow.config import DataTransport
+
+__all__ = [
+    "DataAddress",
+    "DataLink",
+    "DataLinkError",
+    "DataLinks",
+    "DataServer",
+    "DataTransport",
+]
+
+
+class DataLinkError(ConnectionError):
+    """A link to a receiving subtask is lost: what was in flight on it, and anything sent
+    on it later, did not arrive."""
+
+
+@dataclass(frozen=True)
+class DataAddress:
+    """Where a subtask serves its input channels for one attempt, and the token a
+    connection of that attempt must show."""
+
+    host: str
+    port: int
+    attempt: int
+    token: bytes
+
+
+_MAGIC = b"RFD1"
+_HELLO = struct.Struct("<4sq16s")
+_PUSH = struct.Struct("<BQiqqI")
+_REPLY = struct.Struct("<BQq")
+_TEXT = struct.Struct("<I")
+_PUSH_KIND = 1
+_ACK = 2
+_ERROR = 3
+_REFUSED = 4
+#: A stream reader pauses its socket at twice this many buffered bytes: room for a
+#: channel's biggest message (the default limit, 64 KiB, pauses and resumes it every
+#: 128 KiB of a batch).
+_READ_LIMIT = 8 << 20
+_TOKEN_BYTES = 16
+#: The longest text of an error sent back.
+_MAX_TEXT = 4096
+
+#: What a receiver does with a push: ``(channel, seq, attempt, message) -> credit``.
+PushHandler = Callable[[int, int, int, Any], Awaitable["int | None"]]
+
+
+def _push_frames(request: int, channel: int, seq: int, attempt: int, message: Any) -> list[Any]:
+    buffers: list[pickle.PickleBuffer] = []
+    data = pickle.dumps(message, protocol=5, buffer_callback=buffers.append)
+    raws = [b.raw() for b in buffers]
+    lengths = struct.pack(f"<{len(raws) + 1}Q", len(data), *(r.nbytes for r in raws))
+    return [
+        _PUSH.pack(_PUSH_KIND, request, channel, seq, attempt, len(raws)),
+        lengths,
+        data,
+        *raws,
+    ]
+
+
+def _text_frame(kind: int, request: int, text: str) -> bytes:
+    raw = text.encode("utf-8", "replace")[:_MAX_TEXT]
+    return _REPLY.pack(kind, request, -1) + _TEXT.pack(len(raw)) + raw
+
+
+def _node_host() -> str:
+    import ray.util
+
+    return ray.util.get_node_ip_address()
+
+
+class DataServer:
+    """Serves one subtask process's input channels: accepts connections that show the
+    token of the subtask's current attempt and hands their pushes to ``handler``.
+
+    Lives on the mailbox's event loop: :meth:`address` is called there (it starts the
+    server the first time), and every push is handled there."""
+
+    def __init__(
+        self,
+        handler: PushHandler,
+        current_attempt: Callable[[], int],
+        host: str | None = None,
+    ) -> None:
+        self._handler = handler
+        self._current_attempt = current_attempt
+        self._host = host
+        self._server: asyncio.AbstractServer | None = None
+        self._tokens: dict[int, bytes] = {}
+        self._connections: set[asyncio.StreamWriter] = set()
+        #: pushes received and not answered yet (kept referenced until they are)
+        self._answering: set[asyncio.Task[None]] = set()
+        #: connections refused (a wrong token or attempt) and closed as stale
+        self.refused = 0
+        self.closed_stale = 0
+
+    async def address(self, attempt: int) -> DataAddress:
+        """Where to connect for ``attempt``: only the subtask's current attempt is
+        served (a sender of any other is stale, or deployed before its receiver)."""
+        current = self._current_attempt()
+        if attempt != current:
+            raise DataLinkError(
+                f"this subtask runs attempt {current}; no connection for attempt {attempt}"
+            )
+        if self._server is None:
+            host = self._host or _node_host()
+            self._server = await asyncio.start_server(self._serve, host, 0, limit=_READ_LIMIT)
+        for other in [a for a in self._tokens if a != attempt]:
+            del self._tokens[other]
+        token = self._tokens.get(attempt)
+        if token is None:
+            token = self._tokens[attempt] = secrets.token_bytes(_TOKEN_BYTES)
+        host, port = self._server.sockets[0].getsockname()[:2]
+        return DataAddress(host, port, attempt, token)
+
+    def _accepts(self, attempt: int, token: bytes) -> bool:
+        expected = self._tokens.get(attempt)
+        return (
+            expected is not None
+            and attempt == self._current_attempt()
+            and hmac.compare_digest(expected, token)
+        )
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._connections.add(writer)
+        try:
+            magic, attempt, token = _HELLO.unpack(await reader.readexactly(_HELLO.size))
+            if magic != _MAGIC or not self._accepts(attempt, token):
+                self.refused += 1
+                writer.write(_text_frame(_REFUSED, 0, "refused: not this subtask's attempt"))
+                return
+            await self._read_pushes(reader, writer, attempt)
+        except (asyncio.IncompleteReadError, ConnectionError, struct.error):
+            pass  # the sender went away (or spoke nonsense): it learns so from the close
+        finally:
+            self._connections.discard(writer)
+            writer.close()
+
+    async def _read_pushes(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, attempt: int
+    ) -> None:
+        loop = asyncio.get_running_loop()
+        head_size = _PUSH.size
+        while True:
+            kind, request, channel, seq, pushed_attempt, count = _PUSH.unpack(
+                await reader.readexactly(head_size)
+            )
+            if kind != _PUSH_KIND:
+                return
+            lengths = struct.unpack(f"<{count + 1}Q", await reader.readexactly(8 * (count + 1)))
+            data = await reader.readexactly(lengths[0])
+            buffers = [await reader.readexactly(n) for n in lengths[1:]]
+            if self._current_attempt() != attempt:
+                # The subtask became another attempt's: this connection is stale.
+                self.closed_stale += 1
+                return
+            message = pickle.loads(data, buffers=buffers)
+            task = loop.create_task(
+                self._answer(writer, request, channel, seq, pushed_attempt, message)
+            )
+            self._answering.add(task)
+            task.add_done_callback(self._answering.discard)
+
+    async def _answer(
+        self,
+        writer: asyncio.StreamWriter,
+        request: int,
+        channel: int,
+        seq: int,
+        attempt: int,
+        message: Any,
+    ) -> None:
+        try:
+            credit = await self._handler(channel, seq, attempt, message)
+        except Exception as exc:  # noqa: BLE001 - the sender's push raises it
+            frame = _text_frame(_ERROR, request, f"{type(exc).__name__}: {exc}")
+        else:
+            frame = _REPLY.pack(_ACK, request, -1 if credit is None else credit)
+        if not writer.is_closing():
+            writer.write(frame)
+
+    def close(self) -> None:
+        """Stop serving; every connection is closed (their senders' pushes fail)."""
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+        for writer in list(self._connections):
+            writer.close()
+        self._connections.clear()
+        self._tokens.clear()
+
+
+class _LinkState(enum.Enum):
+    NEW = "new"
+    CONNECTING = "connecting"
+    OPEN = "open"
+    FAILED = "failed"
+    CLOSED = "closed"
+
+
+class DataLink:
+    """One sender's connection to one receiving subtask, for one attempt.
+
+    :meth:`push` returns a future of the receiver's answer at once: the first push
+    starts connecting (the address through a Ray call to ``receiver``), and what is
+    pushed meanwhile is sent, in order, once connected."""
+
+    def __init__(self, receiver: Any, attempt: int, describe: str) -> None:
+        self._receiver = receiver
+        self.attempt = attempt
+        self.describe = describe
+        self.state = _LinkState.NEW
+        self._queued: list[list[Any]] = []
+        self._waiting: dict[int, asyncio.Future[int | None]] = {}
+        self._request = 0
+        self._writer: asyncio.StreamWriter | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._failure: DataLinkError | None = None
+
+    def push(self, channel: int, seq: int, attempt: int, message: Any) -> asyncio.Future:
+        """Send message ``seq`` of ``channel``; the future holds the receiver's credit
+        (None without one), or raises :class:`DataLinkError`."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[int | None] = loop.create_future()
+        if self._failure is not None:
+            future.set_exception(self._failure)
+            return future
+        if self.state is _LinkState.CLOSED:
+            future.set_exception(DataLinkError(f"the link to {self.describe} is closed"))
+            return future
+        self._request += 1
+        request = self._request
+        frames = _push_frames(request, channel, seq, attempt, message)
+        self._waiting[request] = future
+        if self.state is _LinkState.OPEN:
+            self._writer.writelines(frames)
+        else:
+            self._queued.append(frames)
+            if self._task is None:
+                self.state = _LinkState.CONNECTING
+                self._task = loop.create_task(self._run())
+        return future
+
+    async def _run(self) -> None:
+        writer = None
+        try:
+            address = await self._receiver.data_address.remote(self.attempt)
+            reader, writer = await asyncio.open_connection(
+                address.host, address.port, limit=_READ_LIMIT
+            )
+            if self.state is not _LinkState.CONNECTING:  # closed meanwhile
+                return
+            writer.write(_HELLO.pack(_MAGIC, self.attempt, address.token))
+            for frames in self._queued:
+                writer.writelines(frames)
+            self._queued = []
+            self._writer = writer
+            self.state = _LinkState.OPEN
+            await self._read_replies(reader)
+        except asyncio.CancelledError:
+            self._fail(DataLinkError(f"the link to {self.describe} is closed"))
+            raise
+        except Exception as exc:  # noqa: BLE001 - every push in flight fails with it
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            self._fail(
+                DataLinkError(
+                    f"lost the connection to {self.describe}: {type(exc).__name__}"
+                    + (f": {first}" if first else "")
+                )
+            )
+        finally:
+            if writer is not None:
+                writer.close()
+
+    async def _read_replies(self, reader: asyncio.StreamReader) -> None:
+        waiting = self._waiting
+        while True:
+            kind, request, credit = _REPLY.unpack(await reader.readexactly(_REPLY.size))
+            if kind == _ACK:
+                future = waiting.pop(request, None)
+                if future is not None and not future.done():
+                    future.set_result(None if credit < 0 else credit)
+                continue
+            (length,) = _TEXT.unpack(await reader.readexactly(_TEXT.size))
+            text = (await reader.readexactly(length)).decode("utf-8", "replace")
+            if kind == _ERROR:
+                future = waiting.pop(request, None)
+                if future is not None and not future.done():
+                    future.set_exception(
+                        DataLinkError(f"{self.describe} failed to take a message: {text}")
+                    )
+                continue
+            raise DataLinkError(f"{self.describe} {text}")
+
+    def _fail(self, error: DataLinkError) -> None:
+        if self._failure is None:
+            self._failure = error
+        if self.state is not _LinkState.CLOSED:
+            self.state = _LinkState.FAILED
+        waiting, self._waiting = self._waiting, {}
+        for future in waiting.values():
+            if not future.done():
+                future.set_exception(error)
+        self._queued = []
+
+    def close(self) -> None:
+        """Close the connection; pushes still in flight fail (the attempt is over)."""
+        if self.state is _LinkState.CLOSED:
+            return
+        self._fail(DataLinkError(f"the link to {self.describe} is closed"))
+        self.state = _LinkState.CLOSED
+        if self._task is not None:
+            self._task.cancel()
+        if self._writer is not None:
+            self._writer.close()
+
+
+class DataLinks:
+    """A sending subtask's links of one attempt, one per receiving subtask."""
+
+    def __init__(self, attempt: int) -> None:
+        self.attempt = attempt
+        self._links: dict[Any, DataLink] = {}
+
+    def link(self, receiver: Any, describe: str) -> DataLink:
+        key = getattr(receiver, "_actor_id", None) or id(receiver)
+        link = self._links.get(key)
+        if link is None:
+            link = self._links[key] = DataLink(receiver, self.attempt, describe)
+        return link
+
+    def close(self) -> None:
+        for link in self._links.values():
+            link.close()
+        self._links.clear()

@@ -1,0 +1,395 @@
+"""The data plane's connections: round trips, tokens, attempts, lost receivers, and output
+channels over them (no Ray: a receiver's ``data_address`` is a plain coroutine here)."""
+
+from __future__ import annotations
+
+import asyncio
+import pickle
+import struct
+
+import pyarrow as pa
+import pytest
+
+from rayflow.runtime import data_plane
+from rayflow.runtime.channels import InputGate, OutputChannel
+from rayflow.runtime.data_plane import DataLink, DataLinkError, DataLinks, DataServer
+from rayflow.runtime.events import Bundle, CheckpointBarrier, EndOfInput, LatencyMarker
+
+
+class _Method:
+    def __init__(self, fn):
+        self._fn = fn
+
+    def remote(self, *args):
+        return self._fn(*args)
+
+
+class _Receiver:
+    """What a link needs of a receiver's actor handle: ``data_address.remote()``."""
+
+    def __init__(self, server: DataServer) -> None:
+        self.server = server
+        self.data_address = _Method(server.address)
+
+
+class _Subtask:
+    """A receiving subtask: its attempt, and what its pushes did."""
+
+    def __init__(self, attempt: int = 0, credit: int | None = None) -> None:
+        self.attempt = attempt
+        self.credit = credit
+        self.pushed: list[tuple[int, int, int, object]] = []
+        self.hold: dict[int, asyncio.Event] = {}
+        self.fail_seq: int | None = None
+
+    async def push(self, channel: int, seq: int, attempt: int, message: object) -> int | None:
+        if seq in self.hold:
+            await self.hold[seq].wait()
+        if seq == self.fail_seq:
+            raise ValueError(f"cannot take message {seq}")
+        self.pushed.append((channel, seq, attempt, message))
+        return self.credit
+
+
+def _server(subtask: _Subtask) -> DataServer:
+    return DataServer(subtask.push, lambda: subtask.attempt, host="127.0.0.1")
+
+
+def _batch(n: int = 5) -> pa.RecordBatch:
+    return pa.RecordBatch.from_pydict({"v": list(range(n)), "s": [str(i) for i in range(n)]})
+
+
+def test_messages_arrive_as_sent_and_pushes_return_the_receivers_credit():
+    async def main():
+        subtask = _Subtask(attempt=3, credit=7)
+        server = _server(subtask)
+        link = DataLink(_Receiver(server), 3, "subtask 1/1 of 'sum'")
+        batch = _batch(100_000)  # buffers out of band, bigger than a socket's buffer
+        messages = [
+            batch,
+            Bundle((_batch(3), LatencyMarker(1.5, "src", 0), _batch(2)), 12.25),
+            CheckpointBarrier(4, 9.0),
+            EndOfInput(),
+        ]
+        futures = [link.push(2, seq, 3, m) for seq, m in enumerate(messages)]
+        assert await asyncio.gather(*futures) == [7, 7, 7, 7]
+        assert [(c, s, a) for c, s, a, _ in subtask.pushed] == [(2, i, 3) for i in range(4)]
+        got = [m for *_, m in subtask.pushed]
+        assert got[0].equals(batch)
+        assert got[1].origin == 12.25 and got[1].items[1] == LatencyMarker(1.5, "src", 0)
+        assert got[1].items[0].equals(_batch(3)) and got[1].items[2].equals(_batch(2))
+        assert got[2:] == messages[2:]
+        link.close()
+        server.close()
+
+    asyncio.run(main())
+
+
+def test_a_push_without_credit_returns_none():
+    async def main():
+        subtask = _Subtask(credit=None)
+        server = _server(subtask)
+        link = DataLink(_Receiver(server), 0, "r")
+        assert await link.push(0, 0, 0, _batch()) is None
+        link.close()
+        server.close()
+
+    asyncio.run(main())
+
+
+def test_replies_may_come_in_any_order():
+    async def main():
+        subtask = _Subtask(credit=1)
+        subtask.hold[0] = asyncio.Event()
+        server = _server(subtask)
+        link = DataLink(_Receiver(server), 0, "r")
+        first = link.push(0, 0, 0, _batch())
+        second = link.push(0, 1, 0, _batch())
+        assert await second == 1
+        assert not first.done()
+        subtask.hold[0].set()
+        assert await first == 1
+        assert [s for _, s, _, _ in subtask.pushed] == [1, 0]
+        link.close()
+        server.close()
+
+    asyncio.run(main())
+
+
+def test_an_error_of_one_push_fails_that_push_only():
+    async def main():
+        subtask = _Subtask(credit=2)
+        subtask.fail_seq = 1
+        server = _server(subtask)
+        link = DataLink(_Receiver(server), 0, "subtask 2/2 of 'sink'")
+        futures = [link.push(0, seq, 0, _batch()) for seq in range(3)]
+        results = await asyncio.gather(*futures, return_exceptions=True)
+        assert results[0] == 2 and results[2] == 2
+        assert isinstance(results[1], DataLinkError)
+        assert "subtask 2/2 of 'sink'" in str(results[1])
+        assert "cannot take message 1" in str(results[1])
+        link.close()
+        server.close()
+
+    asyncio.run(main())
+
+
+def test_a_lost_receiver_fails_every_push_in_flight_and_every_later_one():
+    async def main():
+        subtask = _Subtask(credit=1)
+        subtask.hold[1] = asyncio.Event()  # never set: in flight when the receiver goes
+        server = _server(subtask)
+        link = DataLink(_Receiver(server), 0, "subtask 1/2 of 'sum'")
+        assert await link.push(0, 0, 0, _batch()) == 1
+        in_flight = link.push(0, 1, 0, _batch())
+        await asyncio.sleep(0.05)
+        server.close()  # as the receiver's process dying closes its sockets
+        with pytest.raises(DataLinkError, match="subtask 1/2 of 'sum'"):
+            await asyncio.wait_for(in_flight, 5)
+        with pytest.raises(DataLinkError):
+            await link.push(0, 2, 0, _batch())
+        link.close()
+
+    asyncio.run(main())
+
+
+def test_a_receiver_that_cannot_be_asked_fails_the_link():
+    async def main():
+        async def unreachable(attempt):
+            raise RuntimeError("The actor died unexpectedly")
+
+        class Dead:
+            data_address = _Method(unreachable)
+
+        link = DataLink(Dead(), 0, "subtask 1/1 of 'sink'")
+        with pytest.raises(DataLinkError, match="actor died unexpectedly"):
+            await link.push(0, 0, 0, _batch())
+
+    asyncio.run(main())
+
+
+def test_an_address_is_given_only_for_the_current_attempt():
+    async def main():
+        subtask = _Subtask(attempt=2)
+        server = _server(subtask)
+        with pytest.raises(DataLinkError, match="runs attempt 2; no connection for attempt 1"):
+            await server.address(1)
+        with pytest.raises(DataLinkError, match="attempt 3"):
+            await server.address(3)
+        stale = DataLink(_Receiver(server), 1, "r")
+        with pytest.raises(DataLinkError, match="runs attempt 2"):
+            await stale.push(0, 0, 1, _batch())
+        assert subtask.pushed == []
+        server.close()
+
+    asyncio.run(main())
+
+
+class _Armed:
+    """Unpickling this sets a flag (what a forged frame could make a receiver run)."""
+
+    fired: list[bool] = []
+
+    def __reduce__(self):
+        return (_Armed.fired.append, (True,))
+
+
+async def _raw_connection(address, attempt, token, message):
+    reader, writer = await asyncio.open_connection(address.host, address.port)
+    writer.write(data_plane._HELLO.pack(data_plane._MAGIC, attempt, token))
+    for frame in data_plane._push_frames(1, 0, 0, attempt, message):
+        writer.write(frame)
+    await writer.drain()
+    reply = await asyncio.wait_for(reader.read(4096), 5)  # the reply (or refusal)
+    writer.close()
+    return reply
+
+
+def test_a_connection_without_the_attempts_token_is_refused_before_anything_is_unpickled():
+    async def main():
+        _Armed.fired.clear()
+        subtask = _Subtask(attempt=1)
+        server = _server(subtask)
+        address = await server.address(1)
+        wrong = bytes(16) if address.token != bytes(16) else b"x" * 16
+        reply = await _raw_connection(address, 1, wrong, _Armed())
+        kind, _, _ = data_plane._REPLY.unpack(reply[: data_plane._REPLY.size])
+        assert kind == data_plane._REFUSED and b"refused" in reply
+        # the right token but another attempt's number
+        reply = await _raw_connection(address, 0, address.token, _Armed())
+        assert b"refused" in reply
+        assert _Armed.fired == [] and subtask.pushed == [] and server.refused == 2
+        # and the right token for the right attempt is served
+        reply = await _raw_connection(address, 1, address.token, [1, 2])
+        assert data_plane._REPLY.unpack(reply[: data_plane._REPLY.size])[0] == data_plane._ACK
+        assert _Armed.fired == [] and subtask.pushed == [(0, 0, 1, [1, 2])]
+        server.close()
+
+    asyncio.run(main())
+
+
+def test_a_connection_of_an_earlier_attempt_is_closed_at_its_next_frame():
+    """The subtask is redeployed for attempt 1 while a link of attempt 0 is open: the
+    next frame on it is not handed to the subtask, and the link fails."""
+
+    async def main():
+        subtask = _Subtask(attempt=0, credit=1)
+        server = _server(subtask)
+        link = DataLink(_Receiver(server), 0, "subtask 1/1 of 'sum'")
+        assert await link.push(0, 0, 0, _batch()) == 1
+        subtask.attempt = 1  # redeployed
+        with pytest.raises(DataLinkError, match="lost the connection to subtask 1/1 of 'sum'"):
+            await asyncio.wait_for(link.push(0, 1, 0, _batch()), 5)
+        assert [s for _, s, _, _ in subtask.pushed] == [0]
+        assert server.closed_stale == 1
+        # the new attempt connects with a token of its own
+        fresh = DataLink(_Receiver(server), 1, "r")
+        assert await fresh.push(0, 0, 1, _batch()) == 1
+        assert [(s, a) for _, s, a, _ in subtask.pushed] == [(0, 0), (0, 1)]
+        fresh.close()
+        server.close()
+
+    asyncio.run(main())
+
+
+def test_a_closed_link_fails_what_it_had_in_flight_and_sends_nothing_more():
+    async def main():
+        subtask = _Subtask(credit=1)
+        subtask.hold[0] = asyncio.Event()
+        server = _server(subtask)
+        link = DataLink(_Receiver(server), 0, "r")
+        pending = link.push(0, 0, 0, _batch())
+        await asyncio.sleep(0.05)
+        link.close()
+        with pytest.raises(DataLinkError, match="closed"):
+            await pending
+        with pytest.raises(DataLinkError, match="closed"):
+            await link.push(0, 1, 0, _batch())
+        subtask.hold[0].set()
+        await asyncio.sleep(0.05)
+        assert [s for _, s, _, _ in subtask.pushed] == [0]  # taken before the close only
+        server.close()
+
+    asyncio.run(main())
+
+
+def test_a_link_closed_while_it_connects_sends_nothing():
+    async def main():
+        subtask = _Subtask(credit=1)
+        server = _server(subtask)
+        asked = asyncio.Event()
+        release = asyncio.Event()
+
+        async def slow_address(attempt):
+            asked.set()
+            await release.wait()
+            return await server.address(attempt)
+
+        class Slow:
+            data_address = _Method(slow_address)
+
+        link = DataLink(Slow(), 0, "r")
+        pending = link.push(0, 0, 0, _batch())
+        await asked.wait()
+        link.close()
+        release.set()
+        with pytest.raises(DataLinkError, match="closed"):
+            await pending
+        await asyncio.sleep(0.05)
+        assert subtask.pushed == []
+        server.close()
+
+    asyncio.run(main())
+
+
+def test_links_are_one_per_receiver_and_close_together():
+    async def main():
+        subtask = _Subtask(credit=1)
+        server = _server(subtask)
+        receiver = _Receiver(server)
+        links = DataLinks(0)
+        a = links.link(receiver, "r")
+        assert links.link(receiver, "r") is a
+        assert links.link(_Receiver(server), "other") is not a
+        assert await a.push(0, 0, 0, _batch()) == 1
+        links.close()
+        with pytest.raises(DataLinkError):
+            await a.push(0, 1, 0, _batch())
+        server.close()
+
+    asyncio.run(main())
+
+
+def test_a_frame_of_another_kind_closes_the_connection():
+    async def main():
+        subtask = _Subtask(attempt=0)
+        server = _server(subtask)
+        address = await server.address(0)
+        reader, writer = await asyncio.open_connection(address.host, address.port)
+        writer.write(data_plane._HELLO.pack(data_plane._MAGIC, 0, address.token))
+        writer.write(struct.pack("<B", 9) + bytes(data_plane._PUSH.size - 1))
+        await writer.drain()
+        assert await asyncio.wait_for(reader.read(), 5) == b""
+        writer.close()
+        assert subtask.pushed == []
+        server.close()
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("eager", [False, True])
+def test_output_channels_deliver_in_order_over_a_link_into_an_input_gate(eager):
+    """An output channel whose window is smaller than what it sends, over a link, into a
+    real input gate of two messages: every batch arrives once, in order."""
+
+    async def main():
+        gate = InputGate(1, capacity=2, capacity_bytes=1 << 20)
+        attempt = {"n": 0}
+
+        async def push(channel, seq, attempt_no, message):
+            return await gate.push(channel, seq, message)
+
+        server = DataServer(push, lambda: attempt["n"], host="127.0.0.1")
+        link = DataLink(_Receiver(server), 0, "r")
+        out = OutputChannel(
+            None, 0, 0, window=2, buffer_bytes=1 << 20, eager=eager, link=link
+        )
+        received: list[int] = []
+
+        async def read():
+            while True:
+                _, item = await gate.next()
+                for part in item.items if isinstance(item, Bundle) else (item,):
+                    if isinstance(part, EndOfInput):
+                        return
+                    received.extend(part.column("v").to_pylist())
+                await asyncio.sleep(0)
+
+        reader = asyncio.get_running_loop().create_task(read())
+        for i in range(200):
+            await out.write(pa.RecordBatch.from_pydict({"v": [i]}), 0.0)
+            if i % 7 == 0:
+                await out.send_buffered()
+        await out.send(EndOfInput())
+        await out.flush()
+        await asyncio.wait_for(reader, 10)
+        assert received == list(range(200))
+        assert out.max_in_flight <= 3  # the window (one bigger message may go alone)
+        link.close()
+        server.close()
+
+    asyncio.run(main())
+
+
+def test_a_message_that_cannot_be_pickled_fails_the_write_itself():
+    async def main():
+        subtask = _Subtask(credit=1)
+        server = _server(subtask)
+        link = DataLink(_Receiver(server), 0, "r")
+        with pytest.raises((pickle.PicklingError, TypeError, AttributeError)):
+            link.push(0, 0, 0, lambda: None)
+        assert await link.push(0, 0, 0, _batch()) == 1  # the link is still usable
+        link.close()
+        server.close()
+
+    asyncio.run(main())
