@@ -127,6 +127,8 @@ FIRST_GUESS_RATE = 2_000_000.0
 MIN_ROWS = 200_000
 #: markers of the first this many seconds are left out of the *steady* figures
 STEADY_SKIP_S = 1.0
+#: how the job's subtasks send data (``--transport``)
+DATA_TRANSPORT = "socket"
 
 
 # --- what is run and what it gives ---------------------------------------------------------
@@ -461,6 +463,7 @@ def run_job(
     env.enable_checkpointing(CHECKPOINT_INTERVAL_MS, CheckpointingMode.EXACTLY_ONCE)
     env.get_checkpoint_config().set_checkpoint_storage(storage)
     env.set_buffer_timeout(config.timeout_ms)
+    env.set_data_transport(DATA_TRANSPORT)
     env.set_latency_tracking_interval(marker_ms)
     if not config.chaining:
         env.disable_operator_chaining()
@@ -632,6 +635,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "parallelism); do not also wrap the run in flock on the same file",
     )
     parser.add_argument(
+        "--transport",
+        choices=["socket", "ray"],
+        default="socket",
+        help="how subtasks send data (set_data_transport; default socket)",
+    )
+    parser.add_argument(
         "--write-results",
         action="store_true",
         help=f"put the table into {RESULTS_FILE.name} under '{SECTION}'",
@@ -659,6 +668,8 @@ def blocks(args: argparse.Namespace) -> list[list[Config]]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    global DATA_TRANSPORT
+    DATA_TRANSPORT = args.transport
     command = "python " + shlex.join(sys.argv if argv is None else ["benchmarks/latency.py", *argv])
 
     def progress(line: str) -> None:

@@ -234,6 +234,7 @@ def engine_job(
 ) -> dict[str, Any]:
     env = StreamExecutionEnvironment()
     env.set_parallelism(parallelism)
+    env.set_data_transport(DATA_TRANSPORT)
     if buffer_timeout_ms is not None:
         env.set_buffer_timeout(buffer_timeout_ms)
     if kind == "passthrough-3actor":
@@ -309,6 +310,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--quick", action="store_true", help="a quarter of the rows")
     parser.add_argument(
+        "--transport",
+        choices=["socket", "ray"],
+        default="socket",
+        help="how the engine's subtasks send data (set_data_transport; default socket)",
+    )
+    parser.add_argument(
         "--repeat",
         type=int,
         default=3,
@@ -316,6 +323,8 @@ def main(argv: list[str] | None = None) -> int:
         "(median reported; default 3)",
     )
     args = parser.parse_args(argv)
+    global DATA_TRANSPORT
+    DATA_TRANSPORT = args.transport
     repeat = max(1, args.repeat)
 
     def rows_for(batch_size: int) -> int:

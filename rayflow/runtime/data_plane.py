@@ -43,6 +43,7 @@ import enum
 import hmac
 import pickle
 import secrets
+import socket
 import struct
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -57,12 +58,19 @@ __all__ = [
     "DataLinks",
     "DataServer",
     "DataTransport",
+    "RemotePushError",
 ]
 
 
 class DataLinkError(ConnectionError):
     """A link to a receiving subtask is lost: what was in flight on it, and anything sent
     on it later, did not arrive."""
+
+
+class RemotePushError(RuntimeError):
+    """The receiving subtask failed to take a message (it could not unpickle it, or its
+    input gate raised): the push fails with this, its cause the receiver's exception. Not
+    a lost connection: the sender's attempt fails with it as with any error of its own."""
 
 
 @dataclass(frozen=True)
@@ -92,6 +100,17 @@ _READ_LIMIT = 8 << 20
 _TOKEN_BYTES = 16
 #: The longest text of an error sent back.
 _MAX_TEXT = 4096
+#: A sender gives up connecting after this long (a firewall that drops what it refuses
+#: would otherwise hold it for minutes of SYN retries), and a receiver closes a
+#: connection that has not shown its token this long after it opened.
+CONNECT_TIMEOUT_S = 30.0
+HELLO_TIMEOUT_S = 10.0
+#: Keepalive probes find a peer whose node went away without closing its connections.
+_KEEPALIVE = (("TCP_KEEPIDLE", 30), ("TCP_KEEPINTVL", 10), ("TCP_KEEPCNT", 3))
+#: The most out-of-band buffers, and bytes, one frame may announce (a peer that announces
+#: more is not speaking this protocol).
+_MAX_BUFFERS = 1 << 16
+_MAX_FRAME_BYTES = 1 << 36
 
 #: What a receiver does with a push: ``(channel, seq, attempt, message) -> credit``.
 PushHandler = Callable[[int, int, int, Any], Awaitable["int | None"]]
@@ -113,6 +132,33 @@ def _push_frames(request: int, channel: int, seq: int, attempt: int, message: An
 def _text_frame(kind: int, request: int, text: str) -> bytes:
     raw = text.encode("utf-8", "replace")[:_MAX_TEXT]
     return _REPLY.pack(kind, request, -1) + _TEXT.pack(len(raw)) + raw
+
+
+def _keep_alive(writer: asyncio.StreamWriter) -> None:
+    sock = writer.get_extra_info("socket")
+    if sock is None:
+        return
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        for name, value in _KEEPALIVE:
+            if hasattr(socket, name):
+                sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
+    except OSError:
+        pass  # keepalive is a help, not a condition
+
+
+def _error_frame(request: int, exc: BaseException) -> bytes:
+    """A push's failure as the sender re-raises it: the exception itself when it pickles
+    (its type and cause decide whether a restart can fix it), else its text."""
+    text = f"{type(exc).__name__}: {exc}"
+    try:
+        raw = pickle.dumps(exc, protocol=5)
+    except Exception:  # noqa: BLE001 - the text goes alone
+        raw = b""
+    head = text.encode("utf-8", "replace")[:_MAX_TEXT]
+    return (
+        _REPLY.pack(_ERROR, request, -1) + _TEXT.pack(len(head)) + head + _TEXT.pack(len(raw)) + raw
+    )
 
 
 def _node_host() -> str:
@@ -138,6 +184,7 @@ class DataServer:
         self._current_attempt = current_attempt
         self._host = host
         self._server: asyncio.AbstractServer | None = None
+        self._starting: asyncio.Future[asyncio.AbstractServer] | None = None
         self._tokens: dict[int, bytes] = {}
         self._connections: set[asyncio.StreamWriter] = set()
         #: pushes received and not answered yet (kept referenced until they are)
@@ -155,8 +202,16 @@ class DataServer:
                 f"this subtask runs attempt {current}; no connection for attempt {attempt}"
             )
         if self._server is None:
-            host = self._host or _node_host()
-            self._server = await asyncio.start_server(self._serve, host, 0, limit=_READ_LIMIT)
+            if self._starting is None:  # once, however many senders ask at the same time
+                host = self._host or _node_host()
+                self._starting = asyncio.ensure_future(
+                    asyncio.start_server(self._serve, host, 0, limit=_READ_LIMIT)
+                )
+            server = await asyncio.shield(self._starting)
+            if self._server is None and self._starting is not None:
+                self._server = server
+            if self._server is not server:  # closed meanwhile
+                raise DataLinkError("this subtask's data server is closed")
         for other in [a for a in self._tokens if a != attempt]:
             del self._tokens[other]
         token = self._tokens.get(attempt)
@@ -176,13 +231,15 @@ class DataServer:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._connections.add(writer)
         try:
-            magic, attempt, token = _HELLO.unpack(await reader.readexactly(_HELLO.size))
+            hello = await asyncio.wait_for(reader.readexactly(_HELLO.size), HELLO_TIMEOUT_S)
+            magic, attempt, token = _HELLO.unpack(hello)
             if magic != _MAGIC or not self._accepts(attempt, token):
                 self.refused += 1
                 writer.write(_text_frame(_REFUSED, 0, "refused: not this subtask's attempt"))
                 return
+            _keep_alive(writer)
             await self._read_pushes(reader, writer, attempt)
-        except (asyncio.IncompleteReadError, ConnectionError, struct.error):
+        except (asyncio.IncompleteReadError, ConnectionError, TimeoutError, struct.error):
             pass  # the sender went away (or spoke nonsense): it learns so from the close
         finally:
             self._connections.discard(writer)
@@ -197,16 +254,22 @@ class DataServer:
             kind, request, channel, seq, pushed_attempt, count = _PUSH.unpack(
                 await reader.readexactly(head_size)
             )
-            if kind != _PUSH_KIND:
+            if kind != _PUSH_KIND or count > _MAX_BUFFERS:
                 return
             lengths = struct.unpack(f"<{count + 1}Q", await reader.readexactly(8 * (count + 1)))
+            if sum(lengths) > _MAX_FRAME_BYTES:
+                return
             data = await reader.readexactly(lengths[0])
             buffers = [await reader.readexactly(n) for n in lengths[1:]]
             if self._current_attempt() != attempt:
                 # The subtask became another attempt's: this connection is stale.
                 self.closed_stale += 1
                 return
-            message = pickle.loads(data, buffers=buffers)
+            try:
+                message = pickle.loads(data, buffers=buffers)
+            except Exception as exc:  # noqa: BLE001 - e.g. a class this process cannot import
+                writer.write(_error_frame(request, exc))  # the sender's attempt fails with it
+                continue
             task = loop.create_task(
                 self._answer(writer, request, channel, seq, pushed_attempt, message)
             )
@@ -225,7 +288,7 @@ class DataServer:
         try:
             credit = await self._handler(channel, seq, attempt, message)
         except Exception as exc:  # noqa: BLE001 - the sender's push raises it
-            frame = _text_frame(_ERROR, request, f"{type(exc).__name__}: {exc}")
+            frame = _error_frame(request, exc)
         else:
             frame = _REPLY.pack(_ACK, request, -1 if credit is None else credit)
         if not writer.is_closing():
@@ -235,7 +298,12 @@ class DataServer:
         """Stop serving; every connection is closed (their senders' pushes fail)."""
         if self._server is not None:
             self._server.close()
-            self._server = None
+        elif self._starting is not None:  # close it once it has started
+            self._starting.add_done_callback(
+                lambda f: f.cancelled() or f.exception() is not None or f.result().close()
+            )
+        self._server = None
+        self._starting = None
         for writer in list(self._connections):
             writer.close()
         self._connections.clear()
@@ -297,11 +365,10 @@ class DataLink:
         writer = None
         try:
             address = await self._receiver.data_address.remote(self.attempt)
-            reader, writer = await asyncio.open_connection(
-                address.host, address.port, limit=_READ_LIMIT
-            )
+            reader, writer = await self._connect(address)
             if self.state is not _LinkState.CONNECTING:  # closed meanwhile
                 return
+            _keep_alive(writer)
             writer.write(_HELLO.pack(_MAGIC, self.attempt, address.token))
             for frames in self._queued:
                 writer.writelines(frames)
@@ -324,6 +391,28 @@ class DataLink:
             if writer is not None:
                 writer.close()
 
+    async def _connect(
+        self, address: DataAddress
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        connecting = asyncio.ensure_future(
+            asyncio.wait_for(
+                asyncio.open_connection(address.host, address.port, limit=_READ_LIMIT),
+                CONNECT_TIMEOUT_S,
+            )
+        )
+        try:
+            return await asyncio.shield(connecting)
+        except asyncio.CancelledError:
+            # closed while connecting: a connection made anyway is closed, not left open
+            connecting.add_done_callback(_close_made)
+            raise
+        except TimeoutError:
+            raise DataLinkError(
+                f"could not connect to {self.describe} at {address.host}:{address.port} "
+                f"within {CONNECT_TIMEOUT_S:.0f} s (do the nodes allow connections to each "
+                "other's ephemeral ports? else set_data_transport('ray'))"
+            ) from None
+
     async def _read_replies(self, reader: asyncio.StreamReader) -> None:
         waiting = self._waiting
         while True:
@@ -336,13 +425,28 @@ class DataLink:
             (length,) = _TEXT.unpack(await reader.readexactly(_TEXT.size))
             text = (await reader.readexactly(length)).decode("utf-8", "replace")
             if kind == _ERROR:
+                (length,) = _TEXT.unpack(await reader.readexactly(_TEXT.size))
+                raw = await reader.readexactly(length)
                 future = waiting.pop(request, None)
                 if future is not None and not future.done():
-                    future.set_exception(
-                        DataLinkError(f"{self.describe} failed to take a message: {text}")
-                    )
+                    future.set_exception(self._remote_error(text, raw))
                 continue
             raise DataLinkError(f"{self.describe} {text}")
+
+    def _remote_error(self, text: str, raw: bytes) -> BaseException:
+        """What the receiver raised taking a message, as the push's own failure: the
+        receiver's exception itself where it unpickles (a Ray call re-raised it too), else
+        :class:`RemotePushError` with its text."""
+        cause: BaseException | None = None
+        if raw:
+            try:
+                cause = pickle.loads(raw)
+            except Exception:  # noqa: BLE001 - the text stands for it
+                cause = None
+        error = RemotePushError(f"{self.describe} failed to take a message: {text}")
+        if isinstance(cause, BaseException):
+            error.__cause__ = cause
+        return error
 
     def _fail(self, error: DataLinkError) -> None:
         if self._failure is None:
@@ -365,6 +469,11 @@ class DataLink:
             self._task.cancel()
         if self._writer is not None:
             self._writer.close()
+
+
+def _close_made(future: asyncio.Future) -> None:
+    if not future.cancelled() and future.exception() is None:
+        future.result()[1].close()
 
 
 class DataLinks:

@@ -12,7 +12,13 @@ import pytest
 
 from rayflow.runtime import data_plane
 from rayflow.runtime.channels import InputGate, OutputChannel
-from rayflow.runtime.data_plane import DataLink, DataLinkError, DataLinks, DataServer
+from rayflow.runtime.data_plane import (
+    DataLink,
+    DataLinkError,
+    DataLinks,
+    DataServer,
+    RemotePushError,
+)
 from rayflow.runtime.events import Bundle, CheckpointBarrier, EndOfInput, LatencyMarker
 
 
@@ -125,9 +131,13 @@ def test_an_error_of_one_push_fails_that_push_only():
         futures = [link.push(0, seq, 0, _batch()) for seq in range(3)]
         results = await asyncio.gather(*futures, return_exceptions=True)
         assert results[0] == 2 and results[2] == 2
-        assert isinstance(results[1], DataLinkError)
+        # the receiver's own exception, not a lost connection (which would mark the
+        # sender's failure secondary and hide what decides whether a restart helps)
+        assert isinstance(results[1], RemotePushError)
+        assert not isinstance(results[1], ConnectionError)
         assert "subtask 2/2 of 'sink'" in str(results[1])
         assert "cannot take message 1" in str(results[1])
+        assert isinstance(results[1].__cause__, ValueError)
         link.close()
         server.close()
 
@@ -390,6 +400,100 @@ def test_a_message_that_cannot_be_pickled_fails_the_write_itself():
             link.push(0, 0, 0, lambda: None)
         assert await link.push(0, 0, 0, _batch()) == 1  # the link is still usable
         link.close()
+        server.close()
+
+    asyncio.run(main())
+
+
+class _Unloadable:
+    """Pickles at the sender; cannot be unpickled at the receiver."""
+
+    def __reduce__(self):
+        return (_missing_module, ())
+
+
+def _missing_module():
+    raise ModuleNotFoundError("No module named 'user_udfs'")
+
+
+def test_a_message_the_receiver_cannot_unpickle_fails_that_push_with_its_cause():
+    async def main():
+        subtask = _Subtask(credit=1)
+        server = _server(subtask)
+        link = DataLink(_Receiver(server), 0, "subtask 1/1 of 'sink'")
+        assert await link.push(0, 0, 0, _batch()) == 1
+        with pytest.raises(RemotePushError, match="user_udfs") as info:
+            await asyncio.wait_for(link.push(0, 1, 0, _Unloadable()), 5)
+        assert isinstance(info.value.__cause__, ModuleNotFoundError)
+        assert await link.push(0, 2, 0, _batch()) == 1  # the connection goes on
+        assert [s for _, s, _, _ in subtask.pushed] == [0, 2]
+        link.close()
+        server.close()
+
+    asyncio.run(main())
+
+
+def test_a_connection_that_never_shows_its_token_is_dropped(monkeypatch):
+    monkeypatch.setattr(data_plane, "HELLO_TIMEOUT_S", 0.2)
+
+    async def main():
+        server = _server(_Subtask())
+        address = await server.address(0)
+        writers = []
+        for _ in range(20):
+            _, writer = await asyncio.open_connection(address.host, address.port)
+            writers.append(writer)
+        await asyncio.sleep(0.1)
+        assert len(server._connections) == 20
+        await asyncio.sleep(0.6)
+        held = len(server._connections)
+        for writer in writers:
+            writer.close()
+        server.close()
+        assert held == 0
+
+    asyncio.run(main())
+
+
+def test_senders_asking_at_once_get_one_server():
+    async def main():
+        server = _server(_Subtask())
+        addresses = await asyncio.gather(*(server.address(0) for _ in range(4)))
+        assert len({a.port for a in addresses}) == 1
+        assert len({a.token for a in addresses}) == 1
+        port = addresses[0].port
+        server.close()
+        with pytest.raises(OSError):
+            await asyncio.open_connection("127.0.0.1", port)
+
+    asyncio.run(main())
+
+
+def test_a_server_closed_while_it_starts_serves_nothing():
+    async def main():
+        server = _server(_Subtask())
+        asking = asyncio.ensure_future(server.address(0))
+        await asyncio.sleep(0)  # starting
+        server.close()
+        with pytest.raises(DataLinkError, match="closed"):
+            await asking
+        assert server._server is None
+
+    asyncio.run(main())
+
+
+def test_a_connection_that_cannot_be_made_fails_within_the_connect_timeout(monkeypatch):
+    monkeypatch.setattr(data_plane, "CONNECT_TIMEOUT_S", 0.2)
+
+    async def never(*args, **kwargs):
+        await asyncio.Event().wait()  # as SYNs a firewall drops
+
+    async def main():
+        server = _server(_Subtask())
+        link = DataLink(_Receiver(server), 0, "subtask 2/2 of 'sum'")
+        monkeypatch.setattr(data_plane.asyncio, "open_connection", never)
+        with pytest.raises(DataLinkError, match="could not connect to subtask 2/2 of 'sum'"):
+            await asyncio.wait_for(link.push(0, 0, 0, _batch()), 5)
         server.close()
 
     asyncio.run(main())
