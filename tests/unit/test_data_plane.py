@@ -361,9 +361,7 @@ def test_output_channels_deliver_in_order_over_a_link_into_an_input_gate(eager):
 
         server = DataServer(push, lambda: attempt["n"], host="127.0.0.1")
         link = DataLink(_Receiver(server), 0, "r")
-        out = OutputChannel(
-            None, 0, 0, window=2, buffer_bytes=1 << 20, eager=eager, link=link
-        )
+        out = OutputChannel(None, 0, 0, window=2, buffer_bytes=1 << 20, eager=eager, link=link)
         received: list[int] = []
 
         async def read():
