@@ -192,6 +192,17 @@ def _lose_the_reply(client) -> None:
     """The job master's node goes now: its reply to ``run()`` never reaches the driver."""
     master = client._master
     ray.kill(master, no_restart=True)
+    # Once it is dead: a call made before the kill took effect may still be answered,
+    # and the driver would hold that answer instead of the lost reply.
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            ray.get(master.ready.remote(), timeout=10)
+        except ray.exceptions.RayActorError:
+            break
+        time.sleep(0.05)
+    else:
+        raise AssertionError("the job master was not dead 60 s after ray.kill")
     client._run_ref = master.ready.remote()  # what the driver holds: a dead actor's call
 
 
