@@ -102,6 +102,9 @@ class FirstWriteSink(Sink):
         }
 
 
+#: how the jobs' subtasks send data (``--transport``)
+DATA_TRANSPORT = "socket"
+
 def _add_key(batch: pa.RecordBatch) -> pa.RecordBatch:
     value = batch.column(0)
     return pa.RecordBatch.from_arrays([value, pc.remainder(value, 1000)], names=["value", "key"])
@@ -126,6 +129,7 @@ def phases_of(called: float, returned: float, result: Any, first: float | None) 
 
 def run_job(rows: int, parallelism: int, storage: str, batch_size: int) -> dict[str, Any]:
     env = StreamExecutionEnvironment()
+    env.set_data_transport(DATA_TRANSPORT)
     env.set_parallelism(parallelism)
     env.enable_checkpointing(1000, CheckpointingMode.EXACTLY_ONCE)
     env.get_checkpoint_config().set_checkpoint_storage(storage)
@@ -206,6 +210,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, default=200_000, help="rows per job (200,000)")
     parser.add_argument("--batch-size", type=int, default=10_000)
     parser.add_argument("--runs", type=int, default=5, help="jobs per parallelism (5)")
+    parser.add_argument(
+        "--transport",
+        choices=["socket", "ray"],
+        default="socket",
+        help="how subtasks send data (set_data_transport; default socket)",
+    )
     parser.add_argument("--parallelism", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--gap-s", type=float, default=1.0, help="pause between jobs (1 s)")
     parser.add_argument("--settle-s", type=float, default=3.0, help="pause after ray.init (3 s)")
@@ -216,6 +226,8 @@ def main(argv: list[str] | None = None) -> int:
         "instead of ray.init(address='local')",
     )
     args = parser.parse_args(argv)
+    global DATA_TRANSPORT
+    DATA_TRANSPORT = args.transport
 
     command = "python " + shlex.join(
         sys.argv if argv is None else ["benchmarks/job_start.py", *argv]
