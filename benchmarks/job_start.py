@@ -105,6 +105,7 @@ class FirstWriteSink(Sink):
 #: how the jobs' subtasks send data (``--transport``)
 DATA_TRANSPORT = "socket"
 
+
 def _add_key(batch: pa.RecordBatch) -> pa.RecordBatch:
     value = batch.column(0)
     return pa.RecordBatch.from_arrays([value, pc.remainder(value, 1000)], names=["value", "key"])
