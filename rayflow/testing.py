@@ -58,6 +58,7 @@ ALL_RANDOM_POINTS = [
     FaultPoint.FINAL_NOTIFY,
     FaultPoint.DURING_COMMIT_POINT,
     FaultPoint.DURING_STATE_LOAD,
+    FaultPoint.DURING_CONNECT,
 ]
 
 

@@ -24,6 +24,9 @@ class HookPoint(str, enum.Enum):
     DURING_CHANNEL_STATE_WRITE = "during-channel-state-write"
     DURING_RECOVER = "during-recover"  # in the recover thread, before lingering aborts
     DURING_STATE_LOAD = "during-state-load"  # in a thread, before a restore reads its blobs
+    # in a receiving subtask, when a sender asks where to connect (the n-th time in this
+    # attempt): before it answers
+    DURING_CONNECT = "during-connect"
     SINK_BEFORE_PRE_COMMIT = "sink-before-pre-commit"
     SINK_AFTER_PRE_COMMIT = "sink-after-pre-commit"
     SINK_DURING_COMMIT = "sink-during-commit"

@@ -509,6 +509,11 @@ class Subtask:
             return None
         return await self.gate.push(channel, seq, message)
 
+    def asked_to_connect(self, attempt: int) -> None:
+        """A sender of ``attempt`` asks where to connect (a point of the protocol)."""
+        if attempt == self.attempt and self.hooks is not None:
+            self.hooks.at(HookPoint.DURING_CONNECT)
+
     async def trigger_checkpoint(
         self,
         attempt: int,

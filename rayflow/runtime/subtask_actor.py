@@ -59,6 +59,7 @@ class SubtaskActor:
 
     async def data_address(self, attempt: int) -> DataAddress:
         """Where a sender of ``attempt`` connects to push data (on the mailbox's loop)."""
+        self._subtask.asked_to_connect(attempt)
         return await self._data.address(attempt)
 
     async def run(self) -> dict[str, Any]:
