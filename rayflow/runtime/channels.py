@@ -189,6 +189,7 @@ class InputGate:
         #: per channel, messages that arrived and wait for buffer space, by sequence number
         self._waiting: list[dict[int, Any]] = [{} for _ in range(num_channels)]
         self._recorders: list[ChannelRecorder] = []
+        self._waking: set[asyncio.Task[None]] = set()
 
     async def push(self, channel: int, seq: int, item: Any) -> int | None:
         """Admit message ``seq`` of ``channel`` in order; waits while the buffer is full.
@@ -236,6 +237,18 @@ class InputGate:
 
     async def put_control(self, item: Any) -> None:
         self._control.append(item)
+        async with self._available:
+            self._available.notify()
+
+    def put_control_soon(self, item: Any) -> None:
+        """:meth:`put_control` from a callback on the gate's loop (it cannot await): the
+        item is in the mailbox at once, the reader woken as soon as the loop runs."""
+        self._control.append(item)
+        waking = asyncio.get_running_loop().create_task(self._wake())
+        self._waking.add(waking)
+        waking.add_done_callback(self._waking.discard)
+
+    async def _wake(self) -> None:
         async with self._available:
             self._available.notify()
 

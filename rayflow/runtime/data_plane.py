@@ -101,10 +101,15 @@ _TOKEN_BYTES = 16
 #: The longest text of an error sent back.
 _MAX_TEXT = 4096
 #: A sender gives up connecting after this long (a firewall that drops what it refuses
-#: would otherwise hold it for minutes of SYN retries), and a receiver closes a
-#: connection that has not shown its token this long after it opened.
+#: would otherwise hold it for minutes of SYN retries), counted while its event loop
+#: runs: a loop held by user code for longer does not time out a connection meanwhile.
 CONNECT_TIMEOUT_S = 30.0
-HELLO_TIMEOUT_S = 10.0
+#: The slices in which that time is counted.
+_CONNECT_SLICE_S = 0.5
+#: The most connections a receiver keeps that have not shown their token yet (a sender
+#: writes it at once, unless user code holds its loop): past it, the oldest is closed.
+#: No deadline: a sender's loop may be held by user code for as long as it takes.
+MAX_UNAUTHENTICATED = 256
 #: Keepalive probes find a peer whose node went away without closing its connections.
 _KEEPALIVE = (("TCP_KEEPIDLE", 30), ("TCP_KEEPINTVL", 10), ("TCP_KEEPCNT", 3))
 #: The most out-of-band buffers, and bytes, one frame may announce (a peer that announces
@@ -148,17 +153,13 @@ def _keep_alive(writer: asyncio.StreamWriter) -> None:
 
 
 def _error_frame(request: int, exc: BaseException) -> bytes:
-    """A push's failure as the sender re-raises it: the exception itself when it pickles
-    (its type and cause decide whether a restart can fix it), else its text."""
-    text = f"{type(exc).__name__}: {exc}"
+    """A push's failure, as text (a sender unpickles nothing a receiver sends: it never
+    checked who answers on the port it was given). Never raises."""
     try:
-        raw = pickle.dumps(exc, protocol=5)
-    except Exception:  # noqa: BLE001 - the text goes alone
-        raw = b""
-    head = text.encode("utf-8", "replace")[:_MAX_TEXT]
-    return (
-        _REPLY.pack(_ERROR, request, -1) + _TEXT.pack(len(head)) + head + _TEXT.pack(len(raw)) + raw
-    )
+        text = f"{type(exc).__name__}: {exc}"
+    except Exception:  # noqa: BLE001 - an exception whose str() fails
+        text = f"{type(exc).__name__} (its message could not be read)"
+    return _text_frame(_ERROR, request, text)
 
 
 def _node_host() -> str:
@@ -187,6 +188,8 @@ class DataServer:
         self._starting: asyncio.Future[asyncio.AbstractServer] | None = None
         self._tokens: dict[int, bytes] = {}
         self._connections: set[asyncio.StreamWriter] = set()
+        #: connections that have not shown their token yet, oldest first
+        self._unauthenticated: dict[asyncio.StreamWriter, None] = {}
         #: pushes received and not answered yet (kept referenced until they are)
         self._answering: set[asyncio.Task[None]] = set()
         #: connections refused (a wrong token or attempt) and closed as stale
@@ -207,7 +210,13 @@ class DataServer:
                 self._starting = asyncio.ensure_future(
                     asyncio.start_server(self._serve, host, 0, limit=_READ_LIMIT)
                 )
-            server = await asyncio.shield(self._starting)
+            starting = self._starting
+            try:
+                server = await asyncio.shield(starting)
+            except Exception:
+                if self._starting is starting:
+                    self._starting = None  # the next ask tries again
+                raise
             if self._server is None and self._starting is not None:
                 self._server = server
             if self._server is not server:  # closed meanwhile
@@ -230,8 +239,15 @@ class DataServer:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._connections.add(writer)
+        waiting = self._unauthenticated
+        waiting[writer] = None
+        while len(waiting) > MAX_UNAUTHENTICATED:
+            oldest = next(iter(waiting))
+            del waiting[oldest]
+            oldest.close()
         try:
-            hello = await asyncio.wait_for(reader.readexactly(_HELLO.size), HELLO_TIMEOUT_S)
+            hello = await reader.readexactly(_HELLO.size)
+            waiting.pop(writer, None)
             magic, attempt, token = _HELLO.unpack(hello)
             if magic != _MAGIC or not self._accepts(attempt, token):
                 self.refused += 1
@@ -239,9 +255,10 @@ class DataServer:
                 return
             _keep_alive(writer)
             await self._read_pushes(reader, writer, attempt)
-        except (asyncio.IncompleteReadError, ConnectionError, TimeoutError, struct.error):
+        except (asyncio.IncompleteReadError, ConnectionError, struct.error):
             pass  # the sender went away (or spoke nonsense): it learns so from the close
         finally:
+            waiting.pop(writer, None)
             self._connections.discard(writer)
             writer.close()
 
@@ -325,8 +342,15 @@ class DataLink:
     starts connecting (the address through a Ray call to ``receiver``), and what is
     pushed meanwhile is sent, in order, once connected."""
 
-    def __init__(self, receiver: Any, attempt: int, describe: str) -> None:
+    def __init__(
+        self,
+        receiver: Any,
+        attempt: int,
+        describe: str,
+        on_failure: Callable[[BaseException], None] | None = None,
+    ) -> None:
         self._receiver = receiver
+        self._on_failure = on_failure
         self.attempt = attempt
         self.describe = describe
         self.state = _LinkState.NEW
@@ -381,12 +405,12 @@ class DataLink:
             raise
         except Exception as exc:  # noqa: BLE001 - every push in flight fails with it
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-            self._fail(
-                DataLinkError(
-                    f"lost the connection to {self.describe}: {type(exc).__name__}"
-                    + (f": {first}" if first else "")
-                )
+            error = DataLinkError(
+                f"lost the connection to {self.describe}: {type(exc).__name__}"
+                + (f": {first}" if first else "")
             )
+            self._fail(error)
+            self._report(error)
         finally:
             if writer is not None:
                 writer.close()
@@ -394,24 +418,31 @@ class DataLink:
     async def _connect(
         self, address: DataAddress
     ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        connecting = asyncio.ensure_future(
-            asyncio.wait_for(
-                asyncio.open_connection(address.host, address.port, limit=_READ_LIMIT),
-                CONNECT_TIMEOUT_S,
-            )
+        """Open the connection, giving up after :data:`CONNECT_TIMEOUT_S` of this loop's
+        running time (a slice the loop overran, held by user code, counts as one slice)."""
+        loop = asyncio.get_running_loop()
+        connecting = loop.create_task(
+            asyncio.open_connection(address.host, address.port, limit=_READ_LIMIT)
         )
+        waited = 0.0
         try:
-            return await asyncio.shield(connecting)
+            while waited < CONNECT_TIMEOUT_S:
+                started = loop.time()
+                done, _ = await asyncio.wait({connecting}, timeout=_CONNECT_SLICE_S)
+                if done:
+                    return connecting.result()
+                waited += min(loop.time() - started, _CONNECT_SLICE_S)
         except asyncio.CancelledError:
             # closed while connecting: a connection made anyway is closed, not left open
             connecting.add_done_callback(_close_made)
             raise
-        except TimeoutError:
-            raise DataLinkError(
-                f"could not connect to {self.describe} at {address.host}:{address.port} "
-                f"within {CONNECT_TIMEOUT_S:.0f} s (do the nodes allow connections to each "
-                "other's ephemeral ports? else set_data_transport('ray'))"
-            ) from None
+        connecting.cancel()
+        connecting.add_done_callback(_close_made)
+        raise DataLinkError(
+            f"could not connect to {self.describe} at {address.host}:{address.port} "
+            f"within {CONNECT_TIMEOUT_S:.0f} s (do the nodes allow connections to each "
+            "other's ephemeral ports? else set_data_transport('ray'))"
+        )
 
     async def _read_replies(self, reader: asyncio.StreamReader) -> None:
         waiting = self._waiting
@@ -425,28 +456,19 @@ class DataLink:
             (length,) = _TEXT.unpack(await reader.readexactly(_TEXT.size))
             text = (await reader.readexactly(length)).decode("utf-8", "replace")
             if kind == _ERROR:
-                (length,) = _TEXT.unpack(await reader.readexactly(_TEXT.size))
-                raw = await reader.readexactly(length)
+                error = RemotePushError(f"{self.describe} failed to take a message: {text}")
                 future = waiting.pop(request, None)
                 if future is not None and not future.done():
-                    future.set_exception(self._remote_error(text, raw))
+                    future.set_exception(error)
+                self._report(error)
                 continue
             raise DataLinkError(f"{self.describe} {text}")
 
-    def _remote_error(self, text: str, raw: bytes) -> BaseException:
-        """What the receiver raised taking a message, as the push's own failure: the
-        receiver's exception itself where it unpickles (a Ray call re-raised it too), else
-        :class:`RemotePushError` with its text."""
-        cause: BaseException | None = None
-        if raw:
-            try:
-                cause = pickle.loads(raw)
-            except Exception:  # noqa: BLE001 - the text stands for it
-                cause = None
-        error = RemotePushError(f"{self.describe} failed to take a message: {text}")
-        if isinstance(cause, BaseException):
-            error.__cause__ = cause
-        return error
+    def _report(self, error: BaseException) -> None:
+        """Hand a failure to the owner at once (not only when it next awaits this push:
+        an idle channel may not for long, and what follows it waits behind the gap)."""
+        if self._on_failure is not None and self.state is not _LinkState.CLOSED:
+            self._on_failure(error)
 
     def _fail(self, error: DataLinkError) -> None:
         if self._failure is None:
@@ -479,15 +501,18 @@ def _close_made(future: asyncio.Future) -> None:
 class DataLinks:
     """A sending subtask's links of one attempt, one per receiving subtask."""
 
-    def __init__(self, attempt: int) -> None:
+    def __init__(
+        self, attempt: int, on_failure: Callable[[BaseException], None] | None = None
+    ) -> None:
         self.attempt = attempt
+        self._on_failure = on_failure
         self._links: dict[Any, DataLink] = {}
 
     def link(self, receiver: Any, describe: str) -> DataLink:
         key = getattr(receiver, "_actor_id", None) or id(receiver)
         link = self._links.get(key)
         if link is None:
-            link = self._links[key] = DataLink(receiver, self.attempt, describe)
+            link = self._links[key] = DataLink(receiver, self.attempt, describe, self._on_failure)
         return link
 
     def close(self) -> None:

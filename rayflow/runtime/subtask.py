@@ -186,6 +186,14 @@ async def _acknowledgements_out() -> None:
 
 
 @dataclass(frozen=True)
+class _PushFailed:
+    """A push of this attempt failed (its receiver could not take it, or the connection
+    to it is lost): the attempt fails now, not when the channel next waits on it."""
+
+    error: BaseException
+
+
+@dataclass(frozen=True)
 class _Trigger:
     checkpoint_id: int
     timestamp: float
@@ -387,8 +395,11 @@ class Subtask:
         eager = deployment.buffer_timeout_s <= 0 and deployment.buffer_bytes > 0
         buffer_bytes = deployment.buffer_bytes
         #: this attempt's connections to the receivers (closed when its run ends)
+        gate = self.gate  # this attempt's: a failure of its links goes nowhere else
         self._links = (
-            DataLinks(self.attempt) if deployment.data_transport is DataTransport.SOCKET else None
+            DataLinks(self.attempt, lambda error: gate.put_control_soon(_PushFailed(error)))
+            if deployment.data_transport is DataTransport.SOCKET
+            else None
         )
         self.writers = [
             _RecordWriter(
@@ -1158,6 +1169,8 @@ class Subtask:
             await self.barriers.resume()
 
     async def _on_control(self, item: Any) -> None:
+        if isinstance(item, _PushFailed):
+            raise item.error
         if isinstance(item, _Announcement):
             if self.hooks and self.barriers.aligning is False and self.gate.num_channels > 1:
                 self.hooks.at(HookPoint.DURING_ALIGNMENT)

@@ -403,6 +403,8 @@ def make_effective(
     FINAL_NOTIFY go last, and each DURING_RESTART_DELAY gets a kill of another subtask
     in its attempt. DURING_CHANNEL_STATE_WRITE fires only at a subtask whose blob holds
     channel state: it is aimed at the running sum's hot subtask (see ``hot_subtask``).
+    DURING_CONNECT fires at the first sender's ask (a subtask with one input channel is
+    asked once per attempt).
     """
     attempts = sorted({f.attempt for f in plan.faults})
     groups = [[f for f in plan.faults if f.attempt == a] for a in attempts]
@@ -413,6 +415,9 @@ def make_effective(
         for fault in group:
             if fault.point is FaultPoint.DURING_CHANNEL_STATE_WRITE:
                 fault = replace(fault, vertex=HOT_VERTEX, subtask=hot_subtask(parallelism))
+            if fault.point is FaultPoint.DURING_CONNECT:
+                # the first sender to ask: a receiver with one input channel has no second
+                fault = replace(fault, checkpoint=1)
             faults.append(replace(fault, attempt=attempt))
             if fault.point is FaultPoint.DURING_RESTART_DELAY:
                 faults.append(
