@@ -26,7 +26,12 @@ attempt still had in flight fails there and reaches no one.
 **Failures are never silent.** A link that loses its connection (the receiver died, or
 closed it as stale) fails every push in flight and every later one with
 :class:`DataLinkError`, a :class:`ConnectionError` naming the receiver: the sender's
-attempt fails, as it does when a Ray call finds its receiver dead.
+attempt fails, as it does when a Ray call finds its receiver dead. A message the
+receiver could not take fails its push with :class:`RemotePushError`. Either is handed to
+the sender's mailbox as it happens, not only when the channel next waits on that push.
+No deadline is measured on a loop that runs user code: a receiver keeps at most
+:data:`MAX_UNAUTHENTICATED` connections that have not shown their token, and a sender's
+connect timeout counts only the time its loop ran.
 
 Frames (little endian): *hello* ``b"RFD1"``, attempt ``q``, token ``16s``; *push* kind
 ``B``, request ``Q``, channel ``i``, seq ``q``, attempt ``q``, buffer count ``I``, then
@@ -69,8 +74,10 @@ class DataLinkError(ConnectionError):
 
 class RemotePushError(RuntimeError):
     """The receiving subtask failed to take a message (it could not unpickle it, or its
-    input gate raised): the push fails with this, its cause the receiver's exception. Not
-    a lost connection: the sender's attempt fails with it as with any error of its own."""
+    input gate raised): the push fails with this, naming the receiver's exception (its
+    type and message: a sender unpickles nothing a receiver sends). Not a lost
+    connection: the sender's attempt fails with it as with any error of its own, at once
+    (:class:`DataLinks` hands it to the sender's mailbox)."""
 
 
 @dataclass(frozen=True)
