@@ -46,6 +46,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import hmac
+import logging
 import pickle
 import secrets
 import socket
@@ -55,6 +56,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rayflow.config import DataTransport
+from rayflow.recoverability import NonRecoverableError
 
 __all__ = [
     "DataAddress",
@@ -91,6 +93,8 @@ class DataAddress:
     token: bytes
 
 
+_log = logging.getLogger(__name__)
+
 _MAGIC = b"RFD1"
 _HELLO = struct.Struct("<4sq16s")
 _PUSH = struct.Struct("<BQiqqI")
@@ -113,9 +117,10 @@ _MAX_TEXT = 4096
 CONNECT_TIMEOUT_S = 30.0
 #: The slices in which that time is counted.
 _CONNECT_SLICE_S = 0.5
-#: The most connections a receiver keeps that have not shown their token yet (a sender
-#: writes it at once, unless user code holds its loop): past it, the oldest is closed.
-#: No deadline: a sender's loop may be held by user code for as long as it takes.
+#: The most connections a receiver keeps that have not shown their token yet, beyond one
+#: per input channel it has (a sender writes its token at once, unless user code holds
+#: its loop): past it, the oldest is closed. No deadline: a sender's loop may be held by
+#: user code for as long as it takes.
 MAX_UNAUTHENTICATED = 256
 #: Keepalive probes find a peer whose node went away without closing its connections.
 _KEEPALIVE = (("TCP_KEEPIDLE", 30), ("TCP_KEEPINTVL", 10), ("TCP_KEEPCNT", 3))
@@ -159,14 +164,16 @@ def _keep_alive(writer: asyncio.StreamWriter) -> None:
         pass  # keepalive is a help, not a condition
 
 
-def _error_frame(request: int, exc: BaseException) -> bytes:
+def _error_frame(request: int, exc: BaseException, reason: str | None) -> bytes:
     """A push's failure, as text (a sender unpickles nothing a receiver sends: it never
-    checked who answers on the port it was given). Never raises."""
+    checked who answers on the port it was given), with why no restart can fix it (the
+    receiver's classification; empty when one may). Never raises."""
     try:
         text = f"{type(exc).__name__}: {exc}"
     except Exception:  # noqa: BLE001 - an exception whose str() fails
         text = f"{type(exc).__name__} (its message could not be read)"
-    return _text_frame(_ERROR, request, text)
+    raw = (reason or "").encode("utf-8", "replace")[:_MAX_TEXT]
+    return _text_frame(_ERROR, request, text) + _TEXT.pack(len(raw)) + raw
 
 
 def _node_host() -> str:
@@ -187,9 +194,15 @@ class DataServer:
         handler: PushHandler,
         current_attempt: Callable[[], int],
         host: str | None = None,
+        senders: Callable[[], int] = lambda: 0,
+        classify: Callable[[BaseException], str | None] = lambda exc: None,
     ) -> None:
         self._handler = handler
         self._current_attempt = current_attempt
+        #: how many senders the subtask expects (its input channels)
+        self._senders = senders
+        #: why no restart can fix an error of a push (None: one may)
+        self._classify = classify
         self._host = host
         self._server: asyncio.AbstractServer | None = None
         self._starting: asyncio.Future[asyncio.AbstractServer] | None = None
@@ -202,6 +215,7 @@ class DataServer:
         #: connections refused (a wrong token or attempt) and closed as stale
         self.refused = 0
         self.closed_stale = 0
+        self.evicted = 0
 
     async def address(self, attempt: int) -> DataAddress:
         """Where to connect for ``attempt``: only the subtask's current attempt is
@@ -248,10 +262,15 @@ class DataServer:
         self._connections.add(writer)
         waiting = self._unauthenticated
         waiting[writer] = None
-        while len(waiting) > MAX_UNAUTHENTICATED:
+        while len(waiting) > MAX_UNAUTHENTICATED + self._senders():
             oldest = next(iter(waiting))
             del waiting[oldest]
             oldest.close()
+            self.evicted += 1
+            _log.warning(
+                "closed a connection that had not shown its token: more than %d wait",
+                MAX_UNAUTHENTICATED + self._senders(),
+            )
         try:
             hello = await reader.readexactly(_HELLO.size)
             waiting.pop(writer, None)
@@ -292,7 +311,8 @@ class DataServer:
             try:
                 message = pickle.loads(data, buffers=buffers)
             except Exception as exc:  # noqa: BLE001 - e.g. a class this process cannot import
-                writer.write(_error_frame(request, exc))  # the sender's attempt fails with it
+                # the sender's attempt fails with it
+                writer.write(_error_frame(request, exc, self._reason(exc)))
                 continue
             task = loop.create_task(
                 self._answer(writer, request, channel, seq, pushed_attempt, message)
@@ -312,11 +332,17 @@ class DataServer:
         try:
             credit = await self._handler(channel, seq, attempt, message)
         except Exception as exc:  # noqa: BLE001 - the sender's push raises it
-            frame = _error_frame(request, exc)
+            frame = _error_frame(request, exc, self._reason(exc))
         else:
             frame = _REPLY.pack(_ACK, request, -1 if credit is None else credit)
         if not writer.is_closing():
             writer.write(frame)
+
+    def _reason(self, exc: BaseException) -> str | None:
+        try:
+            return self._classify(exc)
+        except Exception:  # noqa: BLE001 - a failing classifier: a restart may help
+            return None
 
     def close(self) -> None:
         """Stop serving; every connection is closed (their senders' pushes fail)."""
@@ -355,9 +381,12 @@ class DataLink:
         attempt: int,
         describe: str,
         on_failure: Callable[[BaseException], None] | None = None,
+        failed: Callable[[], BaseException | None] = lambda: None,
     ) -> None:
         self._receiver = receiver
         self._on_failure = on_failure
+        #: the first failure of any link of the owner (:class:`DataLinks`), or None
+        self.failed = failed
         self.attempt = attempt
         self.describe = describe
         self.state = _LinkState.NEW
@@ -463,7 +492,14 @@ class DataLink:
             (length,) = _TEXT.unpack(await reader.readexactly(_TEXT.size))
             text = (await reader.readexactly(length)).decode("utf-8", "replace")
             if kind == _ERROR:
-                error = RemotePushError(f"{self.describe} failed to take a message: {text}")
+                (length,) = _TEXT.unpack(await reader.readexactly(_TEXT.size))
+                reason = (await reader.readexactly(length)).decode("utf-8", "replace")
+                what = f"{self.describe} failed to take a message: {text}"
+                error: BaseException = (
+                    RemotePushError(what)
+                    if not reason
+                    else NonRecoverableError(f"{what} (no restart can fix it: {reason})")
+                )
                 future = waiting.pop(request, None)
                 if future is not None and not future.done():
                     future.set_exception(error)
@@ -514,13 +550,23 @@ class DataLinks:
         self.attempt = attempt
         self._on_failure = on_failure
         self._links: dict[Any, DataLink] = {}
+        #: the first failure one of the links handed over
+        self.error: BaseException | None = None
 
     def link(self, receiver: Any, describe: str) -> DataLink:
         key = getattr(receiver, "_actor_id", None) or id(receiver)
         link = self._links.get(key)
         if link is None:
-            link = self._links[key] = DataLink(receiver, self.attempt, describe, self._on_failure)
+            link = self._links[key] = DataLink(
+                receiver, self.attempt, describe, self._failed, lambda: self.error
+            )
         return link
+
+    def _failed(self, error: BaseException) -> None:
+        if self.error is None:
+            self.error = error
+        if self._on_failure is not None:
+            self._on_failure(error)
 
     def close(self) -> None:
         for link in self._links.values():

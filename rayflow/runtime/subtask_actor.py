@@ -20,6 +20,7 @@ from typing import Any
 
 import ray
 
+from rayflow.recoverability import classify
 from rayflow.runtime.data_plane import DataAddress, DataServer
 from rayflow.runtime.events import CheckpointBarrier
 from rayflow.runtime.subtask import CONTROL_GROUP, Subtask, SubtaskDeployment
@@ -38,13 +39,21 @@ class SubtaskActor:
         self._subtask = Subtask(deployment)
         # The input channels' connections (rayflow.runtime.data_plane); served from the
         # mailbox's loop once a sender asks where to connect.
-        self._data = DataServer(self._push, self._attempt)
+        self._data = DataServer(
+            self._push, self._attempt, senders=self._senders, classify=self._classify
+        )
 
     def _push(self, channel: int, seq: int, attempt: int, message: Any) -> Any:
         return self._subtask.push(channel, seq, attempt, message)
 
     def _attempt(self) -> int:
         return self._subtask.attempt
+
+    def _senders(self) -> int:
+        return self._subtask.d.num_input_channels
+
+    def _classify(self, exc: BaseException) -> str | None:
+        return classify(exc, self._subtask.d.failure_classifier)
 
     def __repr__(self) -> str:
         # Ray names the actor by this in the log lines it forwards to the driver

@@ -623,3 +623,79 @@ def test_a_connection_that_cannot_be_made_fails_within_the_connect_timeout(monke
         server.close()
 
     asyncio.run(main())
+
+
+def test_a_receiver_expecting_many_senders_keeps_them_all_while_they_connect(monkeypatch):
+    """Fan-in above the bound: a receiver with more input channels than
+    MAX_UNAUTHENTICATED keeps one connection per channel waiting for its token."""
+    monkeypatch.setattr(data_plane, "MAX_UNAUTHENTICATED", 5)
+
+    async def main():
+        subtask = _Subtask(credit=1)
+        server = DataServer(subtask.push, lambda: 0, host="127.0.0.1", senders=lambda: 10)
+        address = await server.address(0)
+        opened = []
+        for _ in range(15):
+            opened.append(await asyncio.open_connection(address.host, address.port))
+        await asyncio.sleep(0.1)
+        assert len(server._unauthenticated) == 15 and server.evicted == 0
+        for _ in range(5):
+            opened.append(await asyncio.open_connection(address.host, address.port))
+        await asyncio.sleep(0.1)
+        assert len(server._unauthenticated) == 15 and server.evicted == 5
+        for _, writer in opened:
+            writer.close()
+        server.close()
+
+    asyncio.run(main())
+
+
+def test_a_channel_waiting_for_room_raises_a_failure_of_another_push_of_its_subtask():
+    """One receiver cannot take a push (its gate is stuck behind it); the subtask's next
+    writes go to another receiver that holds them: the wait for room there ends with the
+    first receiver's error, not after a checkpoint timeout."""
+
+    async def main():
+        broken = _Subtask(credit=1)
+        broken.fail_seq = 0
+        slow = _Subtask(credit=1)
+        slow.hold[1] = asyncio.Event()  # never set
+        servers = [_server(broken), _server(slow)]
+        links = DataLinks(0, lambda error: None)
+        to_broken = OutputChannel(
+            None, 0, 0, window=1, link=links.link(_Receiver(servers[0]), "subtask 1/2 of 'a'")
+        )
+        to_slow = OutputChannel(
+            None, 0, 0, window=1, link=links.link(_Receiver(servers[1]), "subtask 2/2 of 'a'")
+        )
+        await to_broken.write(_batch(), 0.0)
+        await to_slow.write(_batch(), 0.0)
+        await to_slow.write(_batch(), 0.0)  # seq 1: held, the window full from here
+        with pytest.raises(RemotePushError, match="subtask 1/2 of 'a'"):
+            await asyncio.wait_for(to_slow.write(_batch(), 0.0), 5)
+        slow.hold[1].set()
+        links.close()
+        for server in servers:
+            server.close()
+
+    asyncio.run(main())
+
+
+def test_a_receiver_error_no_restart_can_fix_stays_non_recoverable_at_the_sender():
+    from rayflow.recoverability import NonRecoverableError, default_reason
+
+    async def main():
+        async def push(channel, seq, attempt, message):
+            raise NonRecoverableError("the schema of this input cannot be read here")
+
+        server = DataServer(push, lambda: 0, host="127.0.0.1", classify=default_reason)
+        link = DataLink(_Receiver(server), 0, "subtask 1/1 of 'sink'")
+        with pytest.raises(NonRecoverableError, match="no restart can fix it") as info:
+            await asyncio.wait_for(link.push(0, 0, 0, _batch()), 5)
+        assert "subtask 1/1 of 'sink'" in str(info.value)
+        assert "the schema of this input cannot be read here" in str(info.value)
+        assert default_reason(info.value) is not None
+        link.close()
+        server.close()
+
+    asyncio.run(main())
