@@ -134,11 +134,6 @@ def _data_items(message: Any) -> int:
 _EVENTS = (CheckpointBarrier, EndOfInput, LatencyMarker, Watermark, WatermarkStatus)
 
 
-#: How often a channel waiting for room looks for a failure of another of its subtask's
-#: pushes (over the data plane's connections).
-_FAILURE_CHECK_S = 0.1
-
-
 def _retrieved(future: asyncio.Future) -> None:
     """Mark what a push raised as seen (see ``OutputChannel._push``)."""
     if not future.cancelled():
@@ -432,24 +427,12 @@ class OutputChannel:
 
     async def _acknowledged(self) -> None:
         """Await the oldest push; with ``adaptive``, take the credit it returns."""
-        if self.link is not None:
-            await self._link_acknowledged(self._in_flight[0])
         if self.eager:
             await self._in_flight[0]  # raises what the push raised
             self._reap()  # pops it, and any younger one done meanwhile
             return
         credit = await self._in_flight.popleft()
         self._took(credit)
-
-    async def _link_acknowledged(self, oldest: asyncio.Future) -> None:
-        """Wait for ``oldest`` to be answered, raising meanwhile any failure another
-        push of this attempt met (the subtask fails of it: it must not wait here for room
-        that a receiver stuck behind the failed push may never make)."""
-        while not oldest.done():
-            failure = self.link.failed()
-            if failure is not None:
-                raise failure
-            await asyncio.wait((oldest,), timeout=_FAILURE_CHECK_S)
 
     def _took(self, credit: int | None) -> None:
         """The oldest push in flight was acknowledged with ``credit``."""

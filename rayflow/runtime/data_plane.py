@@ -56,7 +56,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from rayflow.config import DataTransport
-from rayflow.recoverability import NonRecoverableError
 
 __all__ = [
     "DataAddress",
@@ -77,9 +76,26 @@ class DataLinkError(ConnectionError):
 class RemotePushError(RuntimeError):
     """The receiving subtask failed to take a message (it could not unpickle it, or its
     input gate raised): the push fails with this, naming the receiver's exception (its
-    type and message: a sender unpickles nothing a receiver sends). Not a lost
-    connection: the sender's attempt fails with it as with any error of its own, at once
-    (:class:`DataLinks` hands it to the sender's mailbox)."""
+    type and message: a sender unpickles nothing a receiver sends), the receiver
+    (``operator``, ``subtask``, ``parallelism``) and its own verdict on it
+    (``non_recoverable``: why no restart can fix it, None when one may), which the sender
+    reports as the receiver's failure without judging it again. Not a lost connection:
+    the sender's attempt fails with it at once (:class:`DataLinks` hands it to the
+    sender's mailbox)."""
+
+    def __init__(
+        self,
+        message: str,
+        operator: str = "",
+        subtask: int = 0,
+        parallelism: int = 1,
+        non_recoverable: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.operator = operator
+        self.subtask = subtask
+        self.parallelism = parallelism
+        self.non_recoverable = non_recoverable
 
 
 @dataclass(frozen=True)
@@ -100,6 +116,7 @@ _HELLO = struct.Struct("<4sq16s")
 _PUSH = struct.Struct("<BQiqqI")
 _REPLY = struct.Struct("<BQq")
 _TEXT = struct.Struct("<I")
+_WHERE = struct.Struct("<ii")
 _PUSH_KIND = 1
 _ACK = 2
 _ERROR = 3
@@ -164,16 +181,29 @@ def _keep_alive(writer: asyncio.StreamWriter) -> None:
         pass  # keepalive is a help, not a condition
 
 
-def _error_frame(request: int, exc: BaseException, reason: str | None) -> bytes:
+def _error_frame(
+    request: int, exc: BaseException, reason: str | None, receiver: tuple[str, int, int]
+) -> bytes:
     """A push's failure, as text (a sender unpickles nothing a receiver sends: it never
     checked who answers on the port it was given), with why no restart can fix it (the
-    receiver's classification; empty when one may). Never raises."""
+    receiver's classification; empty when one may) and the receiver (operator, subtask,
+    parallelism). Never raises."""
     try:
         text = f"{type(exc).__name__}: {exc}"
     except Exception:  # noqa: BLE001 - an exception whose str() fails
         text = f"{type(exc).__name__} (its message could not be read)"
-    raw = (reason or "").encode("utf-8", "replace")[:_MAX_TEXT]
-    return _text_frame(_ERROR, request, text) + _TEXT.pack(len(raw)) + raw
+    operator, subtask, parallelism = receiver
+    return (
+        _text_frame(_ERROR, request, text)
+        + _packed_text(reason or "")
+        + _packed_text(operator)
+        + _WHERE.pack(subtask, parallelism)
+    )
+
+
+def _packed_text(text: str) -> bytes:
+    raw = text.encode("utf-8", "replace")[:_MAX_TEXT]
+    return _TEXT.pack(len(raw)) + raw
 
 
 def _node_host() -> str:
@@ -196,6 +226,7 @@ class DataServer:
         host: str | None = None,
         senders: Callable[[], int] = lambda: 0,
         classify: Callable[[BaseException], str | None] = lambda exc: None,
+        receiver: Callable[[], tuple[str, int, int]] = lambda: ("", 0, 1),
     ) -> None:
         self._handler = handler
         self._current_attempt = current_attempt
@@ -203,6 +234,8 @@ class DataServer:
         self._senders = senders
         #: why no restart can fix an error of a push (None: one may)
         self._classify = classify
+        #: who fails when a push fails here: (operator, subtask index, parallelism)
+        self._receiver = receiver
         self._host = host
         self._server: asyncio.AbstractServer | None = None
         self._starting: asyncio.Future[asyncio.AbstractServer] | None = None
@@ -312,7 +345,7 @@ class DataServer:
                 message = pickle.loads(data, buffers=buffers)
             except Exception as exc:  # noqa: BLE001 - e.g. a class this process cannot import
                 # the sender's attempt fails with it
-                writer.write(_error_frame(request, exc, self._reason(exc)))
+                writer.write(self._error_frame(request, exc))
                 continue
             task = loop.create_task(
                 self._answer(writer, request, channel, seq, pushed_attempt, message)
@@ -332,17 +365,22 @@ class DataServer:
         try:
             credit = await self._handler(channel, seq, attempt, message)
         except Exception as exc:  # noqa: BLE001 - the sender's push raises it
-            frame = _error_frame(request, exc, self._reason(exc))
+            frame = self._error_frame(request, exc)
         else:
             frame = _REPLY.pack(_ACK, request, -1 if credit is None else credit)
         if not writer.is_closing():
             writer.write(frame)
 
-    def _reason(self, exc: BaseException) -> str | None:
+    def _error_frame(self, request: int, exc: BaseException) -> bytes:
         try:
-            return self._classify(exc)
+            reason = self._classify(exc)
         except Exception:  # noqa: BLE001 - a failing classifier: a restart may help
-            return None
+            reason = None
+        try:
+            receiver = self._receiver()
+        except Exception:  # noqa: BLE001 - the sender names the link instead
+            receiver = ("", 0, 1)
+        return _error_frame(request, exc, reason, receiver)
 
     def close(self) -> None:
         """Stop serving; every connection is closed (their senders' pushes fail)."""
@@ -381,12 +419,9 @@ class DataLink:
         attempt: int,
         describe: str,
         on_failure: Callable[[BaseException], None] | None = None,
-        failed: Callable[[], BaseException | None] = lambda: None,
     ) -> None:
         self._receiver = receiver
         self._on_failure = on_failure
-        #: the first failure of any link of the owner (:class:`DataLinks`), or None
-        self.failed = failed
         self.attempt = attempt
         self.describe = describe
         self.state = _LinkState.NEW
@@ -492,13 +527,15 @@ class DataLink:
             (length,) = _TEXT.unpack(await reader.readexactly(_TEXT.size))
             text = (await reader.readexactly(length)).decode("utf-8", "replace")
             if kind == _ERROR:
-                (length,) = _TEXT.unpack(await reader.readexactly(_TEXT.size))
-                reason = (await reader.readexactly(length)).decode("utf-8", "replace")
-                what = f"{self.describe} failed to take a message: {text}"
-                error: BaseException = (
-                    RemotePushError(what)
-                    if not reason
-                    else NonRecoverableError(f"{what} (no restart can fix it: {reason})")
+                reason = await _read_text(reader)
+                operator = await _read_text(reader)
+                subtask, parallelism = _WHERE.unpack(await reader.readexactly(_WHERE.size))
+                error = RemotePushError(
+                    f"{self.describe} failed to take a message: {text}",
+                    operator,
+                    subtask,
+                    parallelism,
+                    reason or None,
                 )
                 future = waiting.pop(request, None)
                 if future is not None and not future.done():
@@ -512,6 +549,14 @@ class DataLink:
         an idle channel may not for long, and what follows it waits behind the gap)."""
         if self._on_failure is not None and self.state is not _LinkState.CLOSED:
             self._on_failure(error)
+
+    def fail_waiting(self, error: BaseException) -> None:
+        """Fail every push waiting for an answer (their answers, if any come, are
+        dropped); the link stays as it is."""
+        waiting, self._waiting = self._waiting, {}
+        for future in waiting.values():
+            if not future.done():
+                future.set_exception(error)
 
     def _fail(self, error: DataLinkError) -> None:
         if self._failure is None:
@@ -536,6 +581,11 @@ class DataLink:
             self._writer.close()
 
 
+async def _read_text(reader: asyncio.StreamReader) -> str:
+    (length,) = _TEXT.unpack(await reader.readexactly(_TEXT.size))
+    return (await reader.readexactly(length)).decode("utf-8", "replace")
+
+
 def _close_made(future: asyncio.Future) -> None:
     if not future.cancelled() and future.exception() is None:
         future.result()[1].close()
@@ -557,14 +607,17 @@ class DataLinks:
         key = getattr(receiver, "_actor_id", None) or id(receiver)
         link = self._links.get(key)
         if link is None:
-            link = self._links[key] = DataLink(
-                receiver, self.attempt, describe, self._failed, lambda: self.error
-            )
+            link = self._links[key] = DataLink(receiver, self.attempt, describe, self._failed)
         return link
 
     def _failed(self, error: BaseException) -> None:
+        """A link failed: the attempt fails of it. Every push still waiting for an
+        answer on any link fails with it too, so that a channel waiting for room (perhaps
+        behind a receiver stuck at the failed push) raises it at once."""
         if self.error is None:
             self.error = error
+        for link in self._links.values():
+            link.fail_waiting(error)
         if self._on_failure is not None:
             self._on_failure(error)
 

@@ -73,7 +73,7 @@ from rayflow.runtime.channels import (
     InputGate,
     OutputChannel,
 )
-from rayflow.runtime.data_plane import DataLinkError, DataLinks, DataTransport
+from rayflow.runtime.data_plane import DataLinkError, DataLinks, DataTransport, RemotePushError
 from rayflow.runtime.debloat import BufferDebloater
 from rayflow.runtime.events import (
     Bundle,
@@ -748,6 +748,17 @@ class Subtask:
             }
         except OperatorError:
             raise
+        except RemotePushError as exc:
+            # the receiver's failure, as the receiver judged it (not judged again here)
+            raise OperatorError(
+                exc.operator or self.name,
+                exc.subtask if exc.operator else self.index,
+                exc.parallelism if exc.operator else self.parallelism,
+                str(exc),
+                f"(raised in the receiving subtask, taking a message from subtask "
+                f"{self.index + 1}/{self.parallelism} of {self.name!r})",
+                non_recoverable=exc.non_recoverable,
+            ) from None
         except (ray.exceptions.RayActorError, DataLinkError) as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else "actor died"
             raise ConnectionError(

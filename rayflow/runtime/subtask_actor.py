@@ -40,7 +40,11 @@ class SubtaskActor:
         # The input channels' connections (rayflow.runtime.data_plane); served from the
         # mailbox's loop once a sender asks where to connect.
         self._data = DataServer(
-            self._push, self._attempt, senders=self._senders, classify=self._classify
+            self._push,
+            self._attempt,
+            senders=self._senders,
+            classify=self._classify,
+            receiver=self._whoami,
         )
 
     def _push(self, channel: int, seq: int, attempt: int, message: Any) -> Any:
@@ -54,6 +58,10 @@ class SubtaskActor:
 
     def _classify(self, exc: BaseException) -> str | None:
         return classify(exc, self._subtask.d.failure_classifier)
+
+    def _whoami(self) -> tuple[str, int, int]:
+        subtask = self._subtask
+        return subtask.name, subtask.index, subtask.parallelism
 
     def __repr__(self) -> str:
         # Ray names the actor by this in the log lines it forwards to the driver

@@ -661,7 +661,8 @@ def test_a_channel_waiting_for_room_raises_a_failure_of_another_push_of_its_subt
         slow = _Subtask(credit=1)
         slow.hold[1] = asyncio.Event()  # never set
         servers = [_server(broken), _server(slow)]
-        links = DataLinks(0, lambda error: None)
+        reported: list[BaseException] = []
+        links = DataLinks(0, reported.append)
         to_broken = OutputChannel(
             None, 0, 0, window=1, link=links.link(_Receiver(servers[0]), "subtask 1/2 of 'a'")
         )
@@ -669,10 +670,14 @@ def test_a_channel_waiting_for_room_raises_a_failure_of_another_push_of_its_subt
             None, 0, 0, window=1, link=links.link(_Receiver(servers[1]), "subtask 2/2 of 'a'")
         )
         await to_broken.write(_batch(), 0.0)
-        await to_slow.write(_batch(), 0.0)
-        await to_slow.write(_batch(), 0.0)  # seq 1: held, the window full from here
+
+        async def write_on():
+            for _ in range(3):  # seq 1 is held: from then the window stays full
+                await to_slow.write(_batch(), 0.0)
+
         with pytest.raises(RemotePushError, match="subtask 1/2 of 'a'"):
-            await asyncio.wait_for(to_slow.write(_batch(), 0.0), 5)
+            await asyncio.wait_for(write_on(), 5)
+        assert [type(e) for e in reported] == [RemotePushError]
         slow.hold[1].set()
         links.close()
         for server in servers:
@@ -681,21 +686,103 @@ def test_a_channel_waiting_for_room_raises_a_failure_of_another_push_of_its_subt
     asyncio.run(main())
 
 
-def test_a_receiver_error_no_restart_can_fix_stays_non_recoverable_at_the_sender():
+def test_a_receivers_error_carries_the_receiver_and_its_own_verdict():
+    """The receiver classifies what it raised (with the job's classifier) and names
+    itself: the sender reports the receiver's failure as the receiver judged it."""
     from rayflow.recoverability import NonRecoverableError, default_reason
 
     async def main():
         async def push(channel, seq, attempt, message):
             raise NonRecoverableError("the schema of this input cannot be read here")
 
-        server = DataServer(push, lambda: 0, host="127.0.0.1", classify=default_reason)
-        link = DataLink(_Receiver(server), 0, "subtask 1/1 of 'sink'")
-        with pytest.raises(NonRecoverableError, match="no restart can fix it") as info:
+        server = DataServer(
+            push,
+            lambda: 0,
+            host="127.0.0.1",
+            classify=default_reason,
+            receiver=lambda: ("sink", 1, 2),
+        )
+        link = DataLink(_Receiver(server), 0, "subtask 2/2 of 'sink'")
+        with pytest.raises(RemotePushError) as info:
             await asyncio.wait_for(link.push(0, 0, 0, _batch()), 5)
-        assert "subtask 1/1 of 'sink'" in str(info.value)
-        assert "the schema of this input cannot be read here" in str(info.value)
-        assert default_reason(info.value) is not None
+        error = info.value
+        assert (error.operator, error.subtask, error.parallelism) == ("sink", 1, 2)
+        assert error.non_recoverable is not None
+        assert "the schema of this input cannot be read here" in str(error)
+        assert "subtask 2/2 of 'sink'" in str(error)
         link.close()
+        server.close()
+
+    asyncio.run(main())
+
+
+def test_a_receivers_error_a_restart_may_fix_says_so():
+    async def main():
+        subtask = _Subtask(credit=1)
+        subtask.fail_seq = 0
+        server = DataServer(subtask.push, lambda: 0, host="127.0.0.1", classify=lambda exc: None)
+        link = DataLink(_Receiver(server), 0, "r")
+        with pytest.raises(RemotePushError) as info:
+            await asyncio.wait_for(link.push(0, 0, 0, _batch()), 5)
+        assert info.value.non_recoverable is None
+        link.close()
+        server.close()
+
+    asyncio.run(main())
+
+
+def test_a_subtask_fails_with_its_receivers_error_as_the_receiver_judged_it():
+    """The real subtask class over a link: the receiver cannot take a message and says
+    no restart can fix it; the sender's run fails at once with an operator error naming
+    the receiver, not its own operator, and the sender's classifier (which would call
+    anything recoverable) does not judge it again."""
+    import dataclasses
+
+    from rayflow.errors import OperatorError
+    from rayflow.plan.partitioners import PartitionerSpec, PartitionKind
+    from rayflow.plan.physical import OperatorSpec, VertexSpec
+    from rayflow.recoverability import NonRecoverableError, default_reason
+    from rayflow.runtime.data_plane import DataTransport
+    from rayflow.runtime.operators import factory
+    from rayflow.runtime.subtask import OutputDeployment
+    from tests.unit.inprocess_job import Cut
+    from tests.unit.test_output_buffering_review import _deploy
+
+    async def main():
+        async def push(channel, seq, attempt, message):
+            raise NonRecoverableError("cannot read this here")
+
+        server = DataServer(
+            push,
+            lambda: 0,
+            host="127.0.0.1",
+            classify=default_reason,
+            receiver=lambda: ("sink", 0, 1),
+        )
+        vertex = VertexSpec(1, "cut", 1, 128, operators=[OperatorSpec("cut", "cut", factory(Cut))])
+        outputs = [
+            OutputDeployment(PartitionerSpec(PartitionKind.FORWARD), [(_Receiver(server), 0)])
+        ]
+        deployment, cls = _deploy(vertex, outputs, inputs=1, buffer_timeout_s=0.0)
+        deployment = dataclasses.replace(
+            deployment,
+            data_transport=DataTransport.SOCKET,
+            failure_classifier=lambda exc: True,  # "a restart fixes anything"
+        )
+        sub = cls(deployment)
+
+        async def no_metrics():
+            return {}
+
+        sub.metrics = no_metrics
+        running = asyncio.ensure_future(sub.run())
+        await sub.push(0, 0, 0, _batch(3))
+        with pytest.raises(OperatorError) as info:
+            await asyncio.wait_for(running, 10)
+        error = info.value
+        assert (error.operator, error.subtask, error.parallelism) == ("sink", 0, 1)
+        assert error.non_recoverable is not None
+        assert "cannot read this here" in str(error)
         server.close()
 
     asyncio.run(main())
