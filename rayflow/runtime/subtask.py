@@ -394,8 +394,8 @@ class Subtask:
         # is written while it has none goes as one bundle when it returns (``eager``).
         eager = deployment.buffer_timeout_s <= 0 and deployment.buffer_bytes > 0
         buffer_bytes = deployment.buffer_bytes
-        #: this attempt's connections to the receivers (closed when its run ends)
         gate = self.gate  # this attempt's: a failure of its links goes nowhere else
+        #: this attempt's connections to the receivers (closed when its run ends)
         self._links = (
             DataLinks(self.attempt, lambda error: gate.put_control_soon(_PushFailed(error)))
             if deployment.data_transport is DataTransport.SOCKET
