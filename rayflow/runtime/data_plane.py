@@ -38,7 +38,8 @@ Frames (little endian): *hello* ``b"RFD1"``, attempt ``q``, token ``16s``; *push
 the byte lengths (``Q``) of the pickle and of each out-of-band buffer (pickle protocol 5:
 a batch's Arrow buffers go as they are), then those bytes; *reply* kind ``B``, request
 ``Q``, credit ``q`` (-1: none), and for an error or a refusal a length ``I`` and UTF-8
-text.
+text; an error then also the receiver's verdict (text: why no restart can fix it, empty
+when one may), its operator (text), and its subtask index and parallelism (``ii``).
 """
 
 from __future__ import annotations
@@ -434,7 +435,9 @@ class DataLink:
 
     def push(self, channel: int, seq: int, attempt: int, message: Any) -> asyncio.Future:
         """Send message ``seq`` of ``channel``; the future holds the receiver's credit
-        (None without one), or raises :class:`DataLinkError`."""
+        (None without one), or raises :class:`DataLinkError` (the link is lost or closed)
+        or :class:`RemotePushError` (the receiver could not take it, or another link of
+        the same attempt failed first: :meth:`DataLinks._failed`)."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[int | None] = loop.create_future()
         if self._failure is not None:
