@@ -435,9 +435,9 @@ class DataLink:
 
     def push(self, channel: int, seq: int, attempt: int, message: Any) -> asyncio.Future:
         """Send message ``seq`` of ``channel``; the future holds the receiver's credit
-        (None without one), or raises :class:`DataLinkError` (the link is lost or closed)
-        or :class:`RemotePushError` (the receiver could not take it, or another link of
-        the same attempt failed first: :meth:`DataLinks._failed`)."""
+        (None without one), or raises :class:`DataLinkError` (the link is lost or closed),
+        :class:`RemotePushError` (the receiver could not take it), or the failure another
+        link of the same attempt met first (:meth:`DataLinks._failed`)."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[int | None] = loop.create_future()
         if self._failure is not None:
