@@ -62,6 +62,8 @@ _KEY_PREFIX = "run-lock:"
 _GENERATION_DIGITS = 20
 _ATTEMPTS = 50
 _RELEASE_PAUSES_S = (0.1, 0.5, 2.0, None)
+#: how long a lock host's lookup that fails inside Ray is tried again
+_LOOKUP_RETRY_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -135,15 +137,32 @@ def _host_name() -> str:
 
 def _host_alive(name: str) -> bool:
     """Whether the lock host's name is registered: a name that is not found is looked up
-    once more before it counts as gone (a failed lookup also reads as not found)."""
-    for pause in (0.2, 0.0):
+    once more before it counts as gone (a failed lookup also reads as not found).
+
+    A lookup that fails in another way says nothing about the host (right after a driver
+    died, Ray can still hold its actor's name while its job's class data is gone, and
+    ``get_actor`` fails inside Ray): it is tried again, for up to ``_LOOKUP_RETRY_S``,
+    never read as gone (that would hand a held lock to a second run)."""
+    deadline = time.monotonic() + _LOOKUP_RETRY_S
+    misses = 0
+    while True:
         try:
             ray.get_actor(name, namespace=NAMESPACE)
         except ValueError:
-            time.sleep(pause)
+            misses += 1
+            if misses >= 2:
+                return False  # its owner is gone, and with it the name
+            time.sleep(0.2)
+            continue
+        except Exception as exc:  # noqa: BLE001 - Ray's own failure: look again
+            if time.monotonic() >= deadline:
+                raise RuntimeError(
+                    f"run lock: looking up lock host {name!r} keeps failing "
+                    f"({type(exc).__name__}: {exc}); whether its run lives is unknown"
+                ) from exc
+            time.sleep(0.2)
             continue
         return True
-    return False  # its owner is gone, and with it the name
 
 
 def _older_lock_holder(job_name: str) -> str | None:
