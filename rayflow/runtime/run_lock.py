@@ -126,7 +126,9 @@ def _host_name() -> str:
         if cached is not None and _host_alive(cached[0]):
             return cached[0]
         name = f"rayflow-lock-host:{uuid.uuid4().hex}"
-        handle = _LockHost.options(name=name, namespace=NAMESPACE).remote()
+        # non-detached whatever the driver's default lifetime: the host (and so the
+        # lock) goes with the process that took it
+        handle = _LockHost.options(name=name, namespace=NAMESPACE, lifetime="non_detached").remote()
         _kept.append(handle)
         # registered before any record names it (Ray client mode creates actors
         # asynchronously: the lookup waits for the name)
@@ -137,7 +139,8 @@ def _host_name() -> str:
 
 def _host_alive(name: str) -> bool:
     """Whether the lock host's name is registered: a name that is not found is looked up
-    once more before it counts as gone (a failed lookup also reads as not found).
+    once more before it counts as gone (Ray answers a failed lookup of a name with the
+    same ValueError as an absent one).
 
     A lookup that fails in another way says nothing about the host (right after a driver
     died, Ray can still hold its actor's name while its job's class data is gone, and

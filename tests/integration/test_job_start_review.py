@@ -108,7 +108,10 @@ def test_a_late_release_of_an_old_run_does_not_release_the_next_one():
 _HOLD_AND_DIE = """
 import os, signal, sys
 import ray
-ray.init(address=sys.argv[1], log_to_driver=False)
+job_config = None
+if len(sys.argv) > 3:  # a driver whose actors outlive it unless told otherwise
+    job_config = ray.job_config.JobConfig(default_actor_lifetime=sys.argv[3])
+ray.init(address=sys.argv[1], log_to_driver=False, job_config=job_config)
 from rayflow.runtime.run_lock import acquire_run_lock
 acquire_run_lock(sys.argv[2], "run-of-a-dead-driver")
 print("held", flush=True)
@@ -116,11 +119,15 @@ os.kill(os.getpid(), signal.SIGKILL)
 """
 
 
-def test_a_lock_whose_driver_died_without_releasing_it_is_free():
+@pytest.mark.parametrize("actor_lifetime", [None, "detached"])
+def test_a_lock_whose_driver_died_without_releasing_it_is_free(actor_lifetime):
+    """Also when the driver made its actors detached by default: the lock host lives
+    exactly as long as the process that took the lock, whatever the driver's defaults."""
     job = _job_name("driver-died")
     address = ray.get_runtime_context().gcs_address
+    extra = [actor_lifetime] if actor_lifetime else []
     done = subprocess.run(
-        [sys.executable, "-c", _HOLD_AND_DIE, address, job],
+        [sys.executable, "-c", _HOLD_AND_DIE, address, job, *extra],
         capture_output=True,
         text=True,
         timeout=120,
