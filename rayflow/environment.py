@@ -46,6 +46,7 @@ from rayflow.runtime.channels import DEFAULT_BUFFER_TIMEOUT_MS
 from rayflow.runtime.debloat import MIN_TARGET_MS
 from rayflow.runtime.job_master import JobMaster, _unwrap
 from rayflow.runtime.latency import DEFAULT_LATENCY_TRACKING_INTERVAL_MS, LatencyTracker
+from rayflow.runtime.output import OutputChunk, OutputReader
 from rayflow.runtime.placement import (
     PlacementConfig,
     PlacementPlan,
@@ -299,6 +300,9 @@ class JobClient:
         self._unreachable_since: float | None = None
         self._reporter = progress.reporter()
         self._output_lost = False  # the driver's stdout refused a write: no more tries
+        #: what this client took of the job master's output (one reader at a time)
+        self._output_read = OutputReader()
+        self._output_lock = threading.Lock()
         self._start_master()
         # from here the job runs: nothing the driver shows may fail this call (it would
         # leave the job master running without a client, and the run lock released)
@@ -645,9 +649,8 @@ class JobClient:
                 self._report_end(str(cause).strip().splitlines()[0] if str(cause) else "")
                 raise cause from None
         self._ending = JobState.FINISHED
-        lines = self._drain_output()  # what ended attempts printed
-        lines.extend(line for o in raw["outputs"].values() for s in o for line in s["output"])
-        self._write_output(lines)
+        # every line printed that this client has not taken yet
+        self._write_output(self._take_output(raw.get("output")))
         self._release()
         self._result = _build_result(self.job_name, self._graph, raw)
         self._result.guarantees = dict(self._guarantees)
@@ -691,10 +694,22 @@ class JobClient:
             )
 
     def _drain_output(self) -> list[str]:
-        try:
-            return ray.get(self._master.drain_output.remote(), timeout=30)
-        except Exception:  # noqa: BLE001 - the job master is gone or replaced: none to show
-            return []
+        """What the job's functions printed since the last read (a read that times out
+        loses nothing: the job master keeps each line until a later read acknowledges
+        it)."""
+        with self._output_lock:
+            ack = self._output_read.ack(_MASTER_OUTPUT)  # ignored by a new job master's log
+            try:
+                chunk = ray.get(self._master.drain_output.remote(ack), timeout=30)
+            except Exception:  # noqa: BLE001 - the job master is gone or replaced: none to show
+                return []
+            return self._output_read.take(_MASTER_OUTPUT, chunk)
+
+    def _take_output(self, chunk: OutputChunk | None) -> list[str]:
+        if chunk is None:
+            return self._drain_output()
+        with self._output_lock:
+            return self._output_read.take(_MASTER_OUTPUT, chunk)
 
     def _write_output(self, lines: list[str]) -> None:
         """Print what the job's functions printed. A stdout that refuses the write (closed,
@@ -821,6 +836,8 @@ MASTER_UNREACHABLE_S = 60.0
 #: while waiting for a job, the driver polls its job master this often (for what the
 #: job's functions print, and the progress line)
 POLL_S = 1.0
+#: whom a client reads printed lines from (its job master, whichever incarnation)
+_MASTER_OUTPUT = "job master"
 
 #: job masters started only to finish a cancel or a final failure's clean-up, at most
 MAX_CLEAN_UP_MASTERS = 3

@@ -44,7 +44,7 @@ from rayflow.plan.physical import JobGraph
 from rayflow.recoverability import classify
 from rayflow.runtime.deployer import Deployer
 from rayflow.runtime.hooks import HookPoint
-from rayflow.runtime.output import MAX_LINES
+from rayflow.runtime.output import LineLog, OutputAck, OutputChunk, OutputReader
 from rayflow.runtime.placement import JobPlacement, PlacementPlan
 from rayflow.runtime.ray_metrics import JobMetrics
 from rayflow.runtime.run_holds import hold_sinks, release_holds
@@ -280,8 +280,9 @@ class JobMaster:
         self._result: dict[str, Any] | None = None
         self._error: BaseException | None = None
         self._running: set[tuple[int, int]] = set()  # subtasks of this attempt that run
-        #: what subtasks of ended attempts printed, until the client drains it
-        self._output: collections.deque[str] = collections.deque(maxlen=MAX_LINES)
+        #: what the subtasks printed, read from them, until the client acknowledges it
+        self._output = LineLog()
+        self._output_read = OutputReader()  # what was read from each subtask
         #: the marks the run's sinks hold in their targets while it lives (None: not taken)
         self._holds: list[Any] | None = None
 
@@ -326,25 +327,32 @@ class JobMaster:
             status["last_checkpoint"].pop("subtasks", None)
         return status
 
-    async def drain_output(self) -> list[str]:
-        """What user functions printed since the last drain (ended attempts first)."""
-        lines = list(self._output)
-        self._output.clear()
-        lines.extend(await self._drain_subtasks(self.actors.values()))
-        return lines
+    async def drain_output(self, ack: OutputAck | None = None) -> OutputChunk:
+        """What user functions printed and the client has not acknowledged yet (read
+        from the subtasks first)."""
+        await self._read_output_of(self.actors.items())
+        return self._output.read(ack)
 
-    @staticmethod
-    async def _drain_subtasks(actors: Any, timeout_s: float = 2.0) -> list[str]:
-        refs = [actor.drain_output.remote() for actor in actors]
-        drained = await asyncio.gather(
+    async def _read_output_of(self, actors: Any, timeout_s: float = 2.0) -> None:
+        """Read what the given ``(key, actor)`` subtasks printed into this job master's
+        log. A read that answers late loses nothing: the subtask keeps every line until a
+        later read acknowledges it (best effort for a subtask that dies first)."""
+        actors = list(actors)
+        refs = [actor.drain_output.remote(self._output_read.ack(key)) for key, actor in actors]
+        chunks = await asyncio.gather(
             *(asyncio.wait_for(ref, timeout_s) for ref in refs), return_exceptions=True
         )
-        return [line for d in drained if isinstance(d, list) for line in d]
+        for (key, _), chunk in zip(actors, chunks, strict=True):
+            if isinstance(chunk, OutputChunk):
+                self._output.extend(self._output_read.take(key, chunk))
 
-    async def _keep_output_of(self, actors: Any) -> None:
-        """Keep what the subtasks of an ending attempt printed (best effort: a subtask
-        that died took its undrained lines with it)."""
-        self._output.extend(await self._drain_subtasks(list(actors), timeout_s=1.0))
+    def _keep_final_output(self, results: dict[tuple[int, int], Any]) -> None:
+        """Move what each finished subtask's ``run()`` returned it printed into this job
+        master's log (lines read from it before are not taken again)."""
+        for key, value in sorted(results.items()):
+            chunk = value.pop("output", None) if isinstance(value, dict) else None
+            if isinstance(chunk, OutputChunk):
+                self._output.extend(self._output_read.take(key, chunk))
 
     async def supervisor_state(self) -> SupervisorState:
         return self.supervisor.snapshot()
@@ -482,6 +490,8 @@ class JobMaster:
                 await release_run_lock_of(self.settings.job_name, self.settings.run_id)
         return {
             "outputs": outputs,
+            # every line not acknowledged by the client yet (it takes each once)
+            "output": self._output.read(),
             "started_at": self.started_at,
             "finished_at": self.finished_at,
             "checkpoints": list(self.history.recent),
@@ -600,7 +610,7 @@ class JobMaster:
             ray.cancel(ref)
         if refs:
             await asyncio.wait([asyncio.ensure_future(self._settle(r)) for r in refs], timeout=30)
-        await self._keep_output_of(self.actors.values())
+        await self._read_output_of(self.actors.items(), timeout_s=1.0)
         await self._clean_up_outside_world()
         self.supervisor.move_to(JobState.CANCELED)
         await self._persist_quietly()
@@ -855,6 +865,7 @@ class JobMaster:
             placement_lost.cancel()
             for task in pending:
                 task.cancel()
+        self._keep_final_output(results)
         outputs: dict[int, list[Any]] = {}
         for (vertex_id, _), value in sorted(results.items()):
             outputs.setdefault(vertex_id, []).append(value)
@@ -996,7 +1007,7 @@ class JobMaster:
             if coordinator.stopped_at is not None:
                 self._stopped_at = coordinator.stopped_at
         if reuse:
-            await self._keep_output_of(self.actors.values())  # a finished attempt returned it
+            await self._read_output_of(self.actors.items(), timeout_s=1.0)
         actors, refs = self.actors, self._run_refs
         self.actors, self._run_refs = {}, {}
         if not reuse:

@@ -2,13 +2,19 @@
 
 A subtask actor replaces its process's ``sys.stdout`` with a :class:`CapturedOutput`:
 each complete line printed there is kept with a prefix naming the operator that was
-running and the subtask (``[Parse 2/4] ...``) until the job master drains it; the
-driver prints what it drains while it waits for the job, and the rest before
-``execute()`` returns. Ray's own markers (``:actor_name:`` and the like, which its log
-monitor reads from the process's output) still go to the real stdout.
+running and the subtask (``[Parse 2/4] ...``); the job master reads it into a log of its
+own, and the driver prints what it reads from there while it waits for the job, and the
+rest before ``execute()`` returns. Ray's own markers (``:actor_name:`` and the like,
+which its log monitor reads from the process's output) still go to the real stdout.
 
-Bounded: beyond ``max_lines`` undrained lines the oldest are dropped and counted, and
-the count is reported as a line of its own at the next drain.
+Reading never loses a line to a reply that comes back too late: every log
+(:class:`LineLog`) numbers its lines and forgets them only once its reader acknowledges
+them in its next read (:class:`OutputAck`); a reader (:class:`OutputReader`) takes each
+line once, however many reads of the same lines it gets back, so a read given up
+on, or two reads at once, neither lose nor repeat a line.
+
+Bounded: beyond ``max_lines`` unacknowledged lines a log drops the oldest; the reader
+sees the gap in the numbers and reports the count as a line of its own.
 """
 
 from __future__ import annotations
@@ -16,18 +22,110 @@ from __future__ import annotations
 import io
 import sys
 import threading
+import uuid
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["CapturedOutput", "capture_stdout", "MAX_LINES"]
+__all__ = [
+    "CapturedOutput",
+    "LineLog",
+    "MAX_LINES",
+    "OutputAck",
+    "OutputChunk",
+    "OutputReader",
+    "capture_stdout",
+]
 
-#: undrained lines a subtask keeps (a job that prints much more than it is polled loses
+#: unacknowledged lines a log keeps (a job that prints much more than it is read loses
 #: the oldest, counted)
 MAX_LINES = 10_000
 
 #: lines Ray's log monitor reads from a worker's output; never captured
 _RAY_MARKERS = (":actor_name:", ":task_name:", ":job_id:")
+
+
+@dataclass(frozen=True)
+class OutputAck:
+    """A reader has taken every line of log ``source`` numbered below ``upto``."""
+
+    source: str
+    upto: int
+
+
+@dataclass(frozen=True)
+class OutputChunk:
+    """The lines of log ``source`` a read returned: ``lines[i]`` is numbered
+    ``first + i``. ``label`` names the log in a notice of dropped lines."""
+
+    source: str
+    first: int
+    lines: tuple[str, ...]
+    label: str = ""
+
+
+class LineLog:
+    """A bounded log of numbered lines, forgotten only once acknowledged. Thread-safe."""
+
+    def __init__(self, max_lines: int = MAX_LINES) -> None:
+        #: names this log (and only it): an acknowledgement of another log is ignored
+        self.source = uuid.uuid4().hex
+        self._lines: deque[str] = deque(maxlen=max_lines)
+        self._next = 0  # the number the next line gets
+        self._lock = threading.Lock()
+
+    def append(self, line: str) -> None:
+        with self._lock:
+            self._lines.append(line)  # the oldest goes when full: a gap the reader sees
+            self._next += 1
+
+    def extend(self, lines: list[str]) -> None:
+        with self._lock:
+            self._lines.extend(lines)
+            self._next += len(lines)
+
+    def read(self, ack: OutputAck | None = None, label: str = "") -> OutputChunk:
+        """Forget the lines ``ack`` covers (if it is this log's); the rest, kept until a
+        later read acknowledges them."""
+        with self._lock:
+            if ack is not None and ack.source == self.source:
+                first = self._next - len(self._lines)
+                for _ in range(min(len(self._lines), ack.upto - first)):
+                    self._lines.popleft()
+            return OutputChunk(
+                self.source, self._next - len(self._lines), tuple(self._lines), label
+            )
+
+
+class OutputReader:
+    """The reading side of one or more logs: which lines of each it has taken, keyed by
+    whoever it reads them from (a subtask, the job master). Not thread-safe; call it
+    from one thread or event loop."""
+
+    def __init__(self) -> None:
+        self._taken: dict[str, int] = {}  # log -> the number of the next line to take
+        self._log_of: dict[Hashable, str] = {}
+
+    def ack(self, who: Hashable) -> OutputAck | None:
+        """What to send with the next read from ``who``."""
+        source = self._log_of.get(who)
+        return None if source is None else OutputAck(source, self._taken[source])
+
+    def take(self, who: Hashable, chunk: OutputChunk) -> list[str]:
+        """The lines of ``chunk`` not taken before (a notice first where lines were
+        dropped unread)."""
+        self._log_of[who] = chunk.source
+        taken = self._taken.setdefault(chunk.source, 0)
+        end = chunk.first + len(chunk.lines)
+        if end <= taken:
+            return []
+        out = []
+        if chunk.first > taken:
+            out.append(f"{chunk.label}({chunk.first - taken} lines of output dropped)")
+        out.extend(chunk.lines[max(0, taken - chunk.first) :])
+        self._taken[chunk.source] = end
+        return out
 
 
 class CapturedOutput(io.TextIOBase):
@@ -37,10 +135,9 @@ class CapturedOutput(io.TextIOBase):
         super().__init__()
         self._prefix = prefix
         self._real = real
-        self._lines: deque[str] = deque(maxlen=max_lines)
+        self.log = LineLog(max_lines)
         self._partial = ""
         self._partial_prefix = ""
-        self._dropped = 0
         self._lock = threading.Lock()
 
     def writable(self) -> bool:
@@ -80,25 +177,19 @@ class CapturedOutput(io.TextIOBase):
             self._real.write(line + "\n")
             self._real.flush()
             return
-        if len(self._lines) == self._lines.maxlen:
-            self._dropped += 1
-        self._lines.append(prefix + line)
+        self.log.append(prefix + line)
 
     def flush(self) -> None:
         pass
 
-    def drain(self, final: bool = False) -> list[str]:
-        """The lines kept since the last drain; with ``final`` also an unfinished line."""
+    def read(self, ack: OutputAck | None = None, final: bool = False) -> OutputChunk:
+        """The lines kept and not yet acknowledged (see :meth:`LineLog.read`); with
+        ``final`` also an unfinished line."""
         with self._lock:
             if final and self._partial:
                 self._keep(self._partial_prefix, self._partial)
                 self._partial = ""
-            lines = list(self._lines)
-            self._lines.clear()
-            if self._dropped:
-                lines.insert(0, f"{self._prefix()}({self._dropped} lines of output dropped)")
-                self._dropped = 0
-        return lines
+            return self.log.read(ack, label=self._prefix())
 
 
 def capture_stdout(prefix: Callable[[], str]) -> CapturedOutput:

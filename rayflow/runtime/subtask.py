@@ -88,7 +88,7 @@ from rayflow.runtime.gc_tuning import tune_for_subtask
 from rayflow.runtime.hooks import HookPoint, SubtaskHooks
 from rayflow.runtime.latency import DEFAULT_LATENCY_TRACKING_INTERVAL_MS, LatencyTracker
 from rayflow.runtime.operators import Operator, OperatorContext
-from rayflow.runtime.output import capture_stdout
+from rayflow.runtime.output import OutputAck, OutputChunk, capture_stdout
 from rayflow.runtime.ray_metrics import EXPORT_INTERVAL_S, SubtaskMetricsExporter
 from rayflow.runtime.restore import StateHandle
 from rayflow.sources import SourceReader
@@ -611,9 +611,10 @@ class Subtask:
     async def ready(self) -> bool:
         return True
 
-    async def drain_output(self) -> list[str]:
-        """Lines user functions printed here since the last drain, prefixed."""
-        return self._output.drain()
+    async def drain_output(self, ack: OutputAck | None = None) -> OutputChunk:
+        """Lines user functions printed here and the reader has not acknowledged yet,
+        prefixed (see ``rayflow.runtime.output``)."""
+        return self._output.read(ack)
 
     async def quiesce(self, attempt: int, wait_s: float = 2.0) -> bool:
         """The attempt ended: revoke its fence, stop its background work, and say whether
@@ -744,7 +745,7 @@ class Subtask:
             return {
                 "results": [op.result() for op in self.operators],
                 "metrics": await self.metrics(),
-                "output": self._output.drain(final=True),
+                "output": self._output.read(final=True),
             }
         except OperatorError:
             raise

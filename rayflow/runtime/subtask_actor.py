@@ -23,6 +23,7 @@ import ray
 from rayflow.recoverability import classify
 from rayflow.runtime.data_plane import DataAddress, DataServer
 from rayflow.runtime.events import CheckpointBarrier
+from rayflow.runtime.output import OutputAck, OutputChunk
 from rayflow.runtime.subtask import CONTROL_GROUP, Subtask, SubtaskDeployment
 
 __all__ = ["SubtaskActor"]
@@ -128,9 +129,9 @@ class SubtaskActor:
         return True
 
     @ray.method(concurrency_group=CONTROL_GROUP)
-    async def drain_output(self) -> list[str]:
-        """Lines user functions printed here since the last drain, prefixed."""
-        return await self._subtask.drain_output()
+    async def drain_output(self, ack: OutputAck | None = None) -> OutputChunk:
+        """Lines user functions printed here and not yet acknowledged, prefixed."""
+        return await self._subtask.drain_output(ack)
 
     @ray.method(concurrency_group=CONTROL_GROUP)
     async def quiesce(self, attempt: int, wait_s: float = 2.0) -> bool:

@@ -7,6 +7,9 @@ the Ray address check lets a real cluster through."""
 from __future__ import annotations
 
 import errno
+import os
+import pathlib
+import signal
 import time
 
 import pytest
@@ -19,6 +22,7 @@ from rayflow import (
     RestartStrategies,
     StreamExecutionEnvironment,
 )
+from rayflow.environment import JobWaitTimeout
 from rayflow.runtime.hooks import HookPoint, RuntimeHooks, SubtaskHooks
 from rayflow.status import JobState
 from rayflow.testing import Fault, FaultPlan, FaultPoint, inject_faults
@@ -257,6 +261,52 @@ def test_user_prints_reach_the_driver_prefixed_before_execute_returns(capsys):
     whispered = [line for line in out if line.startswith("[Whisper ")]
     assert len(whispered) == 2  # one unfinished line per subtask that printed
     assert sorted(whispered)[0].startswith("[Whisper 1/2] kept ")
+
+
+def _shout_then_wait_for(flag_dir: str):
+    def shout(record: dict) -> dict:
+        print(f"saw {record['value']}")
+        if record["value"] == 0:
+            (pathlib.Path(flag_dir) / "pid").write_text(str(os.getpid()))
+            while not (pathlib.Path(flag_dir) / "go").exists():
+                time.sleep(0.05)
+        return record
+
+    return shout
+
+
+def test_prints_survive_a_subtask_too_slow_to_answer_the_drain_in_time(capsys, tmp_path):
+    """The subtask's process is stopped right after a user function printed, longer than
+    the job master waits for its output: the drain that answers late loses nothing."""
+    env = StreamExecutionEnvironment.get_execution_environment().set_parallelism(1)
+    (
+        env.from_collection([{"value": v} for v in range(4)], "Values")
+        .map(_shout_then_wait_for(str(tmp_path)), "Shout")
+        .sink_to(CollectSink(), "Out")
+    )
+    client = env.execute_async("prints-slow-drain")
+    try:
+        pid = int(
+            _until(
+                lambda: (tmp_path / "pid").exists() and (tmp_path / "pid").read_text(),
+                what="the subtask printed",
+            )
+        )
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            client.wait(timeout=4.5)  # polls for output meanwhile: every poll times out
+        except JobWaitTimeout:
+            pass
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        (tmp_path / "go").write_text("")
+        client.wait(timeout=120)
+    finally:
+        (tmp_path / "go").write_text("")
+    out = capsys.readouterr().out.splitlines()
+    assert sorted(line for line in out if "] saw " in line) == [
+        f"[Shout 1/1] saw {v}" for v in range(4)
+    ], out
 
 
 def test_rayflow_run_example_prints_the_job_and_its_restart_default(capsys, monkeypatch):

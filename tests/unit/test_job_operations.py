@@ -24,7 +24,7 @@ from rayflow.failures import Failure, FailureEntry
 from rayflow.preflight import PreflightError
 from rayflow.progress import ProgressReporter
 from rayflow.ray_connect import NoRayClusterError, check_address
-from rayflow.runtime.output import CapturedOutput
+from rayflow.runtime.output import CapturedOutput, LineLog, OutputReader
 from rayflow.status import FailureKind
 from sinks.basic import CollectSink
 from sinks.files import FileSink
@@ -377,25 +377,57 @@ def test_checkpoints_on_s3_with_endpoint_and_credentials_from_the_environment(
 # --- what user functions print ---------------------------------------------------------
 
 
+def _read(out: CapturedOutput, reader: OutputReader, final: bool = False) -> list[str]:
+    return reader.take("subtask", out.read(reader.ack("subtask"), final=final))
+
+
 def test_captured_output_prefixes_lines_and_passes_ray_markers():
     real = io.StringIO()
     where = {"op": "Parse"}
     out = CapturedOutput(lambda: f"[{where['op']} 2/4] ", real, max_lines=3)
+    reader = OutputReader()
     print("hello", "world", file=out)
     out.write("part")
     where["op"] = "Totals"
     out.write("ial\n")
     print(":actor_name:SubtaskActor", file=out)
-    assert out.drain() == ["[Parse 2/4] hello world", "[Parse 2/4] partial"]  # who began it
+    assert _read(out, reader) == ["[Parse 2/4] hello world", "[Parse 2/4] partial"]  # who began it
     assert real.getvalue() == ":actor_name:SubtaskActor\n"
     for n in range(5):
         print(n, file=out)
     out.write("unfinished")
-    assert out.drain() == [
+    assert _read(out, reader) == [
         "[Totals 2/4] (2 lines of output dropped)",
         *(f"[Totals 2/4] {n}" for n in (2, 3, 4)),
     ]
-    assert out.drain(final=True) == ["[Totals 2/4] unfinished"]
+    assert _read(out, reader, final=True) == ["[Totals 2/4] unfinished"]
+    assert _read(out, reader, final=True) == []
+
+
+def test_a_read_whose_reply_is_lost_loses_no_line_and_none_is_taken_twice():
+    log = LineLog()
+    reader = OutputReader()
+    assert reader.take("s", log.read(reader.ack("s"))) == []  # nothing printed yet
+    log.extend(["a", "b"])
+    log.read(reader.ack("s"))  # the reply never reaches the reader (it gave up waiting)
+    log.append("c")
+    first = log.read(reader.ack("s"))
+    second = log.read(reader.ack("s"))  # a second read at once, before the first answers
+    assert reader.take("s", second) == ["a", "b", "c"]
+    assert reader.take("s", first) == []  # the late one repeats nothing
+    log.append("d")
+    assert reader.take("s", log.read(reader.ack("s"))) == ["d"]
+    assert log.read(reader.ack("s")).lines == ()  # acknowledged lines are forgotten
+
+
+def test_a_reader_starts_over_on_a_new_log_of_the_same_writer():
+    reader = OutputReader()
+    old, new = LineLog(), LineLog()
+    old.extend(["1", "2", "3"])
+    assert reader.take("master", old.read(reader.ack("master"))) == ["1", "2", "3"]
+    new.append("x")  # e.g. a job master started anew: its acknowledgement is not this log's
+    assert reader.take("master", new.read(reader.ack("master"))) == ["x"]
+    assert len(old.read(reader.ack("master")).lines) == 3  # another log's ack: nothing dropped
 
 
 # --- the progress line -------------------------------------------------------------------
