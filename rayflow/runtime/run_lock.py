@@ -138,25 +138,25 @@ def _host_name() -> str:
 
 
 def _host_alive(name: str) -> bool:
-    """Whether the lock host's name is registered: a name that is not found is looked up
-    once more before it counts as gone (Ray answers a failed lookup of a name with the
-    same ValueError as an absent one).
+    """Whether the lock host's name is registered.
 
-    A lookup that fails in another way says nothing about the host (right after a driver
-    died, Ray can still hold its actor's name while its job's class data is gone, and
-    ``get_actor`` fails inside Ray): it is tried again, for up to ``_LOOKUP_RETRY_S``,
-    never read as gone (that would hand a held lock to a second run)."""
+    Ray answers a lookup that failed (a connection to its control store that broke, for
+    one) with the same ValueError as a name that is not registered, so "not found" is
+    confirmed in Ray's list of named actors, which raises where the lookup failed and
+    lists only actors that are not dead, before the host counts as gone.
+
+    A lookup or listing that fails in another way says nothing about the host (right
+    after a driver died, Ray can still hold its actor's name while its job's class data
+    is gone already, and ``get_actor`` fails inside Ray): it is tried again, for up to
+    ``_LOOKUP_RETRY_S``, never read as gone (that would hand a held lock to a second
+    run), and then raised naming the host."""
     deadline = time.monotonic() + _LOOKUP_RETRY_S
-    misses = 0
     while True:
         try:
-            ray.get_actor(name, namespace=NAMESPACE)
-        except ValueError:
-            misses += 1
-            if misses >= 2:
-                return False  # its owner is gone, and with it the name
-            time.sleep(0.2)
-            continue
+            try:
+                ray.get_actor(name, namespace=NAMESPACE)
+            except ValueError:
+                return _listed(name)  # its owner is gone, and with it the name, or not
         except Exception as exc:  # noqa: BLE001 - Ray's own failure: look again
             if time.monotonic() >= deadline:
                 raise RuntimeError(
@@ -166,6 +166,15 @@ def _host_alive(name: str) -> bool:
             time.sleep(0.2)
             continue
         return True
+
+
+def _listed(name: str) -> bool:
+    """Whether Ray lists ``name`` among the named actors that are not dead (raises when
+    it cannot tell)."""
+    return any(
+        entry["name"] == name and entry["namespace"] == NAMESPACE
+        for entry in ray.util.list_named_actors(all_namespaces=True)
+    )
 
 
 def _older_lock_holder(job_name: str) -> str | None:
