@@ -643,14 +643,13 @@ class JobClient:
                     JobState.CANCELED if isinstance(cause, JobCancelledError) else JobState.FAILED
                 )
                 self._history = getattr(cause, "failure_history", None) or self.failure_history()
-                self._write_output(self._drain_output())
+                self._print_output()
                 self._release()
                 self._state = self._ending  # shown once the job name is free
                 self._report_end(str(cause).strip().splitlines()[0] if str(cause) else "")
                 raise cause from None
         self._ending = JobState.FINISHED
-        # every line printed that this client has not taken yet
-        self._write_output(self._take_output(raw.get("output")))
+        self._print_output(raw.get("output"))  # every line not printed here yet
         self._release()
         self._result = _build_result(self.job_name, self._graph, raw)
         self._result.guarantees = dict(self._guarantees)
@@ -675,7 +674,7 @@ class JobClient:
     def _poll(self) -> None:
         """Print what the job's functions printed since the last poll; redraw the
         progress line (when on)."""
-        self._write_output(self._drain_output())
+        self._print_output()
         self._report(lambda reporter: reporter.tick(self))
 
     def _report(self, show: Any) -> None:
@@ -693,23 +692,21 @@ class JobClient:
                 "job %r: progress display off: %s: %s", self.job_name, type(exc).__name__, exc
             )
 
-    def _drain_output(self) -> list[str]:
-        """What the job's functions printed since the last read (a read that times out
-        loses nothing: the job master keeps each line until a later read acknowledges
-        it)."""
-        with self._output_lock:
-            ack = self._output_read.ack(_MASTER_OUTPUT)  # ignored by a new job master's log
+    def _print_output(self, chunk: OutputChunk | None = None) -> None:
+        """Print what the job's functions printed that this client has not printed yet:
+        the lines of ``chunk`` (the outcome's), else of a read from the job master now. A
+        read that times out loses nothing (the job master keeps each line until a later
+        read acknowledges it); lines are taken and printed under one lock, so two threads
+        waiting for the job print each line once and in order."""
+        if chunk is None:
+            with self._output_lock:
+                ack = self._output_read.ack(_MASTER_OUTPUT)  # a new job master ignores it
             try:
                 chunk = ray.get(self._master.drain_output.remote(ack), timeout=30)
             except Exception:  # noqa: BLE001 - the job master is gone or replaced: none to show
-                return []
-            return self._output_read.take(_MASTER_OUTPUT, chunk)
-
-    def _take_output(self, chunk: OutputChunk | None) -> list[str]:
-        if chunk is None:
-            return self._drain_output()
+                return
         with self._output_lock:
-            return self._output_read.take(_MASTER_OUTPUT, chunk)
+            self._write_output(self._output_read.take(_MASTER_OUTPUT, chunk))
 
     def _write_output(self, lines: list[str]) -> None:
         """Print what the job's functions printed. A stdout that refuses the write (closed,

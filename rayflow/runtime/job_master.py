@@ -44,7 +44,7 @@ from rayflow.plan.physical import JobGraph
 from rayflow.recoverability import classify
 from rayflow.runtime.deployer import Deployer
 from rayflow.runtime.hooks import HookPoint
-from rayflow.runtime.output import LineLog, OutputAck, OutputChunk, OutputReader
+from rayflow.runtime.output import OutputAck, OutputChunk, OutputCollector
 from rayflow.runtime.placement import JobPlacement, PlacementPlan
 from rayflow.runtime.ray_metrics import JobMetrics
 from rayflow.runtime.run_holds import hold_sinks, release_holds
@@ -281,8 +281,7 @@ class JobMaster:
         self._error: BaseException | None = None
         self._running: set[tuple[int, int]] = set()  # subtasks of this attempt that run
         #: what the subtasks printed, read from them, until the client acknowledges it
-        self._output = LineLog()
-        self._output_read = OutputReader()  # what was read from each subtask
+        self._output = OutputCollector()
         #: the marks the run's sinks hold in their targets while it lives (None: not taken)
         self._holds: list[Any] | None = None
 
@@ -331,20 +330,18 @@ class JobMaster:
         """What user functions printed and the client has not acknowledged yet (read
         from the subtasks first)."""
         await self._read_output_of(self.actors.items())
-        return self._output.read(ack)
+        return self._output.log.read(ack)
 
     async def _read_output_of(self, actors: Any, timeout_s: float = 2.0) -> None:
         """Read what the given ``(key, actor)`` subtasks printed into this job master's
-        log. A read that answers late loses nothing: the subtask keeps every line until a
-        later read acknowledges it (best effort for a subtask that dies first)."""
-        actors = list(actors)
-        refs = [actor.drain_output.remote(self._output_read.ack(key)) for key, actor in actors]
-        chunks = await asyncio.gather(
-            *(asyncio.wait_for(ref, timeout_s) for ref in refs), return_exceptions=True
-        )
-        for (key, _), chunk in zip(actors, chunks, strict=True):
-            if isinstance(chunk, OutputChunk):
-                self._output.extend(self._output_read.take(key, chunk))
+        log (see ``OutputCollector``; best effort for a subtask that dies first)."""
+        await self._output.read(actors, timeout_s)
+
+    async def _read_then_kill(self, actors: dict[tuple[int, int], Any]) -> None:
+        """Kill live subtasks of this job master's own will, after a last read of what
+        they printed (1 s at most)."""
+        await self._read_output_of(actors.items(), timeout_s=1.0)
+        await kill_and_wait(actors.values())
 
     def _keep_final_output(self, results: dict[tuple[int, int], Any]) -> None:
         """Move what each finished subtask's ``run()`` returned it printed into this job
@@ -352,7 +349,7 @@ class JobMaster:
         for key, value in sorted(results.items()):
             chunk = value.pop("output", None) if isinstance(value, dict) else None
             if isinstance(chunk, OutputChunk):
-                self._output.extend(self._output_read.take(key, chunk))
+                self._output.keep(key, chunk)
 
     async def supervisor_state(self) -> SupervisorState:
         return self.supervisor.snapshot()
@@ -491,7 +488,7 @@ class JobMaster:
         return {
             "outputs": outputs,
             # every line not acknowledged by the client yet (it takes each once)
-            "output": self._output.read(),
+            "output": self._output.log.read(),
             "started_at": self.started_at,
             "finished_at": self.finished_at,
             "checkpoints": list(self.history.recent),
@@ -672,7 +669,7 @@ class JobMaster:
 
     async def _kill_everything_in(self, actors: dict[tuple[int, int], Any]) -> None:
         try:
-            await kill_and_wait(actors.values())
+            await self._read_then_kill(actors)
         except ActorsStillAlive as exc:  # their messages are dropped by attempt number
             log.error("job %r: %s", self.settings.job_name, exc)
 
@@ -1006,8 +1003,6 @@ class JobMaster:
                 self.latest = coordinator.latest
             if coordinator.stopped_at is not None:
                 self._stopped_at = coordinator.stopped_at
-        if reuse:
-            await self._read_output_of(self.actors.items(), timeout_s=1.0)
         actors, refs = self.actors, self._run_refs
         self.actors, self._run_refs = {}, {}
         if not reuse:
@@ -1026,13 +1021,17 @@ class JobMaster:
             }
             if checks:
                 await asyncio.wait(checks.values(), timeout=10)
-            doomed = []
+            doomed = {}
             for key, check in checks.items():
                 if check.done() and check.result():
                     self._spare[key] = actors[key]
                 else:
-                    doomed.append(actors[key])
-            await kill_and_wait(doomed)
+                    doomed[key] = actors[key]
+            # the spares keep what they printed; read it now all the same
+            await self._read_output_of(
+                [(k, a) for k, a in actors.items() if k not in doomed], timeout_s=0.0
+            )
+            await self._read_then_kill(doomed)
 
     async def _kill_everything(self) -> None:
         actors = {**self._spare, **self.actors}
@@ -1092,10 +1091,10 @@ class JobMaster:
             await kill_and_wait([*actors.values(), *self._spare.values()])
             self._spare = {}
             raise
-        leftover = list(self._spare.values())
+        leftover = self._spare
         self._spare = {}
         self.actors = actors
-        await kill_and_wait(leftover)
+        await self._read_then_kill(leftover)
         failed = []
         for key, ref in redeploys.items():
             try:
@@ -1108,7 +1107,7 @@ class JobMaster:
             # A kept actor is gone or not clean. Senders were built with its handle, so
             # every subtask is deployed again (nothing ran yet), with fresh actors for those.
             log.info("job %r: replacing kept subtasks %s", self.settings.job_name, failed)
-            await kill_and_wait([self.actors.pop(key) for key in failed])
+            await self._read_then_kill({key: self.actors.pop(key) for key in failed})
             self._spare, self.actors = dict(self.actors), {}
             if tries <= 0:
                 raise RuntimeError(f"subtasks {sorted(failed)} could not be deployed")

@@ -19,12 +19,13 @@ sees the gap in the numbers and reports the count as a line of its own.
 
 from __future__ import annotations
 
+import asyncio
 import io
 import sys
 import threading
 import uuid
 from collections import deque
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +33,7 @@ __all__ = [
     "CapturedOutput",
     "LineLog",
     "MAX_LINES",
+    "OutputCollector",
     "OutputAck",
     "OutputChunk",
     "OutputReader",
@@ -128,14 +130,68 @@ class OutputReader:
         return out
 
 
+class OutputCollector:
+    """A job master's side: what its subtasks printed, read into one log of its own.
+
+    A subtask is any object whose ``drain_output.remote(ack)`` is awaitable and answers
+    an :class:`OutputChunk` (a subtask actor). A read that answers after its caller
+    stopped waiting is still taken when it does; one read per subtask is in flight at a
+    time, so a subtask too busy to answer gets no pile of reads. Runs on one event loop.
+    """
+
+    def __init__(self, max_lines: int = MAX_LINES) -> None:
+        self.log = LineLog(max_lines)
+        self._reader = OutputReader()
+        #: the read in flight, by subtask: (its actor, the read)
+        self._reads: dict[Hashable, tuple[Any, asyncio.Future]] = {}
+
+    async def read(self, subtasks: Iterable[tuple[Hashable, Any]], timeout_s: float) -> None:
+        """Read what the ``(key, actor)`` subtasks printed, waiting up to ``timeout_s``."""
+        reads = [self._read_of(key, actor) for key, actor in subtasks]
+        if reads:
+            await asyncio.wait(reads, timeout=timeout_s)
+
+    def keep(self, key: Hashable, chunk: OutputChunk) -> None:
+        """Take the lines of ``chunk``, which subtask ``key`` sent on its own (its run's
+        last lines); those read from it before are not taken again."""
+        self.log.extend(self._reader.take(key, chunk))
+
+    def _read_of(self, key: Hashable, actor: Any) -> asyncio.Future:
+        pending = self._reads.get(key)
+        if pending is not None and pending[0] is actor and not pending[1].done():
+            return pending[1]
+        read = asyncio.ensure_future(self._take(key, actor))
+        self._reads[key] = (actor, read)
+        read.add_done_callback(lambda done: self._forget(key, done))
+        return read
+
+    def _forget(self, key: Hashable, read: asyncio.Future) -> None:
+        if key in self._reads and self._reads[key][1] is read:
+            del self._reads[key]
+
+    async def _take(self, key: Hashable, actor: Any) -> None:
+        try:
+            chunk = await actor.drain_output.remote(self._reader.ack(key))
+        except Exception:  # noqa: BLE001 - dead or ending: its unread lines go with it
+            return
+        if isinstance(chunk, OutputChunk):
+            self.keep(key, chunk)
+
+
 class CapturedOutput(io.TextIOBase):
     """A text stream that keeps complete lines, each prefixed by ``prefix()``."""
 
-    def __init__(self, prefix: Callable[[], str], real: Any, max_lines: int = MAX_LINES) -> None:
+    def __init__(
+        self,
+        prefix: Callable[[], str],
+        real: Any,
+        max_lines: int = MAX_LINES,
+        log: LineLog | None = None,
+    ) -> None:
         super().__init__()
         self._prefix = prefix
         self._real = real
-        self.log = LineLog(max_lines)
+        self.log = log if log is not None else LineLog(max_lines)
         self._partial = ""
         self._partial_prefix = ""
         self._lock = threading.Lock()
@@ -182,23 +238,39 @@ class CapturedOutput(io.TextIOBase):
     def flush(self) -> None:
         pass
 
+    def end_line(self) -> None:
+        """Keep an unfinished line as it is (its writer is done with it)."""
+        with self._lock:
+            if self._partial:
+                self._keep(self._partial_prefix, self._partial)
+                self._partial = ""
+
     def read(self, ack: OutputAck | None = None, final: bool = False) -> OutputChunk:
         """The lines kept and not yet acknowledged (see :meth:`LineLog.read`); with
         ``final`` also an unfinished line."""
+        if final:
+            self.end_line()
         with self._lock:
-            if final and self._partial:
-                self._keep(self._partial_prefix, self._partial)
-                self._partial = ""
             return self.log.read(ack, label=self._prefix())
+
+
+#: the log of this process's captured lines, whichever ``CapturedOutput`` writes it
+_process_log: LineLog | None = None
 
 
 def capture_stdout(prefix: Callable[[], str]) -> CapturedOutput:
     """Replace this process's ``sys.stdout`` with a :class:`CapturedOutput` (once: a
-    second call returns the one in place, with the new ``prefix``)."""
+    second call returns the one in place, with the new ``prefix``, its unfinished line
+    ended). Every ``CapturedOutput`` of the process writes one log, so lines not read yet
+    stay readable where user code replaced ``sys.stdout`` meanwhile."""
+    global _process_log
     current = sys.stdout
     if isinstance(current, CapturedOutput):
+        current.end_line()  # begun under the earlier prefix (an earlier attempt's)
         current._prefix = prefix
         return current
-    captured = CapturedOutput(prefix, current)
+    if _process_log is None:
+        _process_log = LineLog()
+    captured = CapturedOutput(prefix, current, log=_process_log)
     sys.stdout = captured
     return captured

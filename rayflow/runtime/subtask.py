@@ -449,6 +449,7 @@ class Subtask:
         self._final_completed = False
         self._finished = False
         self._opened = False
+        self._closed = False
         self._state_loaded = False
         self._blobs: dict[int, bytes] = {}
         self._async_parts: set[asyncio.Task] = set()
@@ -742,11 +743,13 @@ class Subtask:
             for writer in self.writers:
                 await writer.flush()
             self.metrics_["finished_at"] = time.time()
-            return {
+            done = {
                 "results": [op.result() for op in self.operators],
                 "metrics": await self.metrics(),
-                "output": self._output.read(final=True),
             }
+            self._close_operators()  # what close() prints goes with the output below
+            done["output"] = self._output.read(final=True)
+            return done
         except OperatorError:
             raise
         except RemotePushError as exc:
@@ -806,7 +809,12 @@ class Subtask:
         )
 
     def _close_operators(self) -> None:
-        for op in self.operators:
+        """Close every operator, once (what each prints is named after it)."""
+        if self._closed:
+            return
+        self._closed = True
+        for spec, op in zip(self.d.vertex.operators, self.operators):
+            self._current_operator = spec.name
             try:
                 op.close()
             except Exception:  # noqa: BLE001 - closing must not hide the first error

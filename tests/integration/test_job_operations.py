@@ -18,6 +18,7 @@ import ray
 from rayflow import (
     FileSource,
     JobFailedError,
+    MapFunction,
     NumberSequenceSource,
     RestartStrategies,
     StreamExecutionEnvironment,
@@ -307,6 +308,127 @@ def test_prints_survive_a_subtask_too_slow_to_answer_the_drain_in_time(capsys, t
     assert sorted(line for line in out if "] saw " in line) == [
         f"[Shout 1/1] saw {v}" for v in range(4)
     ], out
+
+
+class _LoudClose(MapFunction):
+    """Prints each record it sees (slowly, if asked), and again when it is closed."""
+
+    def __init__(self, word: str, pause_s: float = 0.0, fail_at: int | None = None) -> None:
+        self.word, self.pause_s, self.fail_at = word, pause_s, fail_at
+
+    def map(self, value: dict) -> dict:
+        if value["value"] == self.fail_at:
+            raise ValueError(f"bad record {value['value']}")
+        print(f"{self.word} saw {value['value']}")
+        time.sleep(self.pause_s)
+        return value
+
+    def close(self) -> None:
+        print(f"{self.word} closing")
+
+
+def _saw(out: list[str], prefix: str) -> list[int]:
+    return [int(line.rsplit(" ", 1)[1]) for line in out if line.startswith(prefix)]
+
+
+def test_what_close_prints_reaches_the_driver_of_a_finished_job(capsys):
+    env = StreamExecutionEnvironment.get_execution_environment().set_parallelism(1)
+    (
+        env.from_collection([{"value": v} for v in range(3)], "Values")
+        .map(_LoudClose("loud"), "Loud")
+        .sink_to(CollectSink(), "Out")
+    )
+    env.execute("prints-close")
+    out = capsys.readouterr().out.splitlines()
+    assert _saw(out, "[Loud 1/1] loud saw ") == [0, 1, 2], out
+    assert "[Loud 1/1] loud closing" in out, out
+
+
+def test_what_a_cancelled_job_printed_up_to_its_close_reaches_the_driver(capsys):
+    """The map keeps printing in its thread after the cancel: every line up to close()
+    is printed once, in order, before cancel() returns."""
+    env = StreamExecutionEnvironment.get_execution_environment().set_parallelism(1)
+    (
+        env.from_source(NumberSequenceSource(0, 10**9, batch_size=200), "Numbers")
+        .map(_LoudClose("slow", pause_s=0.002), "Slow")
+        .sink_to(CollectSink(), "Out")
+    )
+    client = env.execute_async("prints-cancel")
+    try:
+        _until(lambda: client.get_job_status() is JobState.RUNNING, what="the job to run")
+        time.sleep(2.0)
+    finally:
+        assert client.cancel() is True
+    out = capsys.readouterr().out.splitlines()
+    seen = _saw(out, "[Slow 1/1] slow saw ")
+    assert seen and seen == list(range(len(seen))), out[:5]
+    assert out[-1] == "[Slow 1/1] slow closing", out[-5:]
+
+
+def test_what_a_healthy_subtask_prints_in_close_reaches_the_driver_of_a_failed_job(capsys):
+    """One subtask fails for good (no restart); another, healthy, is stopped by the job
+    master: what it prints while it closes still reaches the driver."""
+    env = StreamExecutionEnvironment.get_execution_environment().set_parallelism(1)
+    env.set_restart_strategy(RestartStrategies.no_restart())
+    (
+        env.from_collection([{"value": v} for v in range(5)], "Values")
+        .map(_LoudClose("first", fail_at=3), "First")
+        .key_by("value")
+        .map(_LoudClose("second"), "Second")
+        .sink_to(CollectSink(), "Out")
+    )
+    with pytest.raises(JobFailedError, match="bad record 3"):
+        env.execute("prints-failed")
+    out = capsys.readouterr().out.splitlines()
+    assert "[Second 1/1] second closing" in out, out
+
+
+@ray.remote
+class _PrintingMaster:
+    """Answers the driver's reads of printed lines from a log of its own."""
+
+    def __init__(self) -> None:
+        from rayflow.runtime.output import LineLog
+
+        self.log = LineLog()
+
+    def print_lines(self, lines: list[str]) -> None:
+        self.log.extend(lines)
+
+    def drain_output(self, ack):
+        return self.log.read(ack)
+
+
+def test_two_threads_waiting_for_a_job_print_each_line_once_and_in_order():
+    """Thread A takes lines 0-9 and is slow to print them; thread B takes 10-19 meanwhile
+    and must not print them before A's."""
+    import threading
+
+    from rayflow.environment import JobClient
+    from rayflow.runtime.output import OutputReader
+
+    master = _PrintingMaster.remote()
+    client = JobClient.__new__(JobClient)
+    client._master = master
+    client._output_read, client._output_lock = OutputReader(), threading.Lock()
+    printed: list[str] = []
+    taking = threading.Event()
+
+    def write(lines: list[str]) -> None:
+        if not printed and lines and lines[0] == "line 0":
+            taking.set()
+            time.sleep(1.0)
+        printed.extend(lines)
+
+    client._write_output = write
+    ray.get(master.print_lines.remote([f"line {n}" for n in range(10)]))
+    a = threading.Thread(target=client._print_output)
+    a.start()
+    assert taking.wait(30)
+    ray.get(master.print_lines.remote([f"line {n}" for n in range(10, 20)]))
+    client._print_output()  # thread B: this one
+    a.join(30)
+    assert printed == [f"line {n}" for n in range(20)]
 
 
 def test_rayflow_run_example_prints_the_job_and_its_restart_default(capsys, monkeypatch):

@@ -4,6 +4,7 @@ functions print, and the progress line."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 import os
 import socket
@@ -24,7 +25,7 @@ from rayflow.failures import Failure, FailureEntry
 from rayflow.preflight import PreflightError
 from rayflow.progress import ProgressReporter
 from rayflow.ray_connect import NoRayClusterError, check_address
-from rayflow.runtime.output import CapturedOutput, LineLog, OutputReader
+from rayflow.runtime.output import CapturedOutput, LineLog, OutputCollector, OutputReader
 from rayflow.status import FailureKind
 from sinks.basic import CollectSink
 from sinks.files import FileSink
@@ -428,6 +429,70 @@ def test_a_reader_starts_over_on_a_new_log_of_the_same_writer():
     new.append("x")  # e.g. a job master started anew: its acknowledgement is not this log's
     assert reader.take("master", new.read(reader.ack("master"))) == ["x"]
     assert len(old.read(reader.ack("master")).lines) == 3  # another log's ack: nothing dropped
+
+
+async def _turns(n: int = 5) -> None:
+    for _ in range(n):
+        await asyncio.sleep(0)
+
+
+class _SlowSubtask:
+    """A subtask whose reads of its output answer only when the test says so."""
+
+    def __init__(self, log: LineLog) -> None:
+        self.log = log
+        self.asked: list[asyncio.Future] = []
+        self.drain_output = self
+
+    def remote(self, ack):
+        answer = asyncio.get_running_loop().create_future()
+        self.asked.append(answer)
+        return self._answer(answer, ack)
+
+    async def _answer(self, answer: asyncio.Future, ack):
+        await answer
+        return self.log.read(ack)
+
+
+def test_a_collector_takes_a_read_that_answers_after_it_stopped_waiting():
+    async def scenario():
+        log = LineLog()
+        subtask = _SlowSubtask(log)
+        collector = OutputCollector()
+        log.extend(["[A 1/1] one", "[A 1/1] two"])
+        await collector.read([("a", subtask)], timeout_s=0.01)  # no answer in time
+        await collector.read([("a", subtask)], timeout_s=0.01)
+        assert len(subtask.asked) == 1  # one read in flight: no second one piled up
+        subtask.asked[0].set_result(None)
+        await _turns()
+        assert collector.log.read().lines == ("[A 1/1] one", "[A 1/1] two")
+        log.append("[A 1/1] three")
+        reading = asyncio.ensure_future(collector.read([("a", subtask)], timeout_s=5))
+        await _turns()
+        subtask.asked[1].set_result(None)
+        await reading
+        assert collector.log.read().lines[-1] == "[A 1/1] three"
+        assert log.read().lines == ("[A 1/1] three",)  # the first two acknowledged
+        collector.keep("a", log.read())  # the run's last chunk repeats what was read
+        assert collector.log.read().lines.count("[A 1/1] three") == 1  # not taken twice
+
+    asyncio.run(scenario())
+
+
+def test_a_collector_reads_a_replaced_subtask_at_once():
+    async def scenario():
+        old, new = _SlowSubtask(LineLog()), _SlowSubtask(LineLog())
+        collector = OutputCollector()
+        await collector.read([("a", old)], timeout_s=0.01)
+        new.log.append("[A 1/1] from the new process")
+        reading = asyncio.ensure_future(collector.read([("a", new)], timeout_s=5))
+        await _turns()
+        assert len(new.asked) == 1  # not held back by the old process's read
+        new.asked[0].set_result(None)
+        await reading
+        assert collector.log.read().lines == ("[A 1/1] from the new process",)
+
+    asyncio.run(scenario())
 
 
 # --- the progress line -------------------------------------------------------------------
