@@ -340,7 +340,7 @@ class JobMaster:
     async def _read_then_kill(self, actors: dict[tuple[int, int], Any]) -> None:
         """Kill live subtasks of this job master's own will, after a last read of what
         they printed (1 s at most)."""
-        await self._read_output_of(actors.items(), timeout_s=1.0)
+        await self._output.last_read(actors.items(), timeout_s=1.0)
         await kill_and_wait(actors.values())
 
     def _keep_final_output(self, results: dict[tuple[int, int], Any]) -> None:
@@ -1088,7 +1088,7 @@ class JobMaster:
                     else:
                         actors[key] = self._new_actor(key, deployment)
         except BaseException:
-            await kill_and_wait([*actors.values(), *self._spare.values()])
+            await self._read_then_kill({**self._spare, **actors})
             self._spare = {}
             raise
         leftover = self._spare

@@ -24,7 +24,7 @@ import io
 import sys
 import threading
 import uuid
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -105,20 +105,30 @@ class OutputReader:
     whoever it reads them from (a subtask, the job master). Not thread-safe; call it
     from one thread or event loop."""
 
+    #: logs remembered at most (the oldest forgotten first): a reader of a subtask
+    #: replaced again and again over a long run stays bounded
+    MAX_LOGS = 4096
+
     def __init__(self) -> None:
-        self._taken: dict[str, int] = {}  # log -> the number of the next line to take
+        #: log -> the number of the next line to take, the least recently read first
+        self._taken: OrderedDict[str, int] = OrderedDict()
         self._log_of: dict[Hashable, str] = {}
 
     def ack(self, who: Hashable) -> OutputAck | None:
         """What to send with the next read from ``who``."""
         source = self._log_of.get(who)
-        return None if source is None else OutputAck(source, self._taken[source])
+        if source is None or source not in self._taken:
+            return None
+        return OutputAck(source, self._taken[source])
 
     def take(self, who: Hashable, chunk: OutputChunk) -> list[str]:
         """The lines of ``chunk`` not taken before (a notice first where lines were
         dropped unread)."""
         self._log_of[who] = chunk.source
         taken = self._taken.setdefault(chunk.source, 0)
+        self._taken.move_to_end(chunk.source)
+        while len(self._taken) > self.MAX_LOGS:
+            self._taken.popitem(last=False)
         end = chunk.first + len(chunk.lines)
         if end <= taken:
             return []
@@ -133,8 +143,8 @@ class OutputReader:
 class OutputCollector:
     """A job master's side: what its subtasks printed, read into one log of its own.
 
-    A subtask is any object whose ``drain_output.remote(ack)`` is awaitable and answers
-    an :class:`OutputChunk` (a subtask actor). A read that answers after its caller
+    A subtask is any object whose ``drain_output.remote(ack, final=False)`` is awaitable
+    and answers an :class:`OutputChunk` (a subtask actor). A read that answers after its caller
     stopped waiting is still taken when it does; one read per subtask is in flight at a
     time, so a subtask too busy to answer gets no pile of reads. Runs on one event loop.
     """
@@ -148,6 +158,16 @@ class OutputCollector:
     async def read(self, subtasks: Iterable[tuple[Hashable, Any]], timeout_s: float) -> None:
         """Read what the ``(key, actor)`` subtasks printed, waiting up to ``timeout_s``."""
         reads = [self._read_of(key, actor) for key, actor in subtasks]
+        if reads:
+            await asyncio.wait(reads, timeout=timeout_s)
+
+    async def last_read(self, subtasks: Iterable[tuple[Hashable, Any]], timeout_s: float) -> None:
+        """Read the ``(key, actor)`` subtasks once more before they go, an unfinished last
+        line too: a fresh read each (one in flight may have been answered before their
+        last print), waiting up to ``timeout_s``."""
+        reads = [
+            asyncio.ensure_future(self._take(key, actor, final=True)) for key, actor in subtasks
+        ]
         if reads:
             await asyncio.wait(reads, timeout=timeout_s)
 
@@ -169,9 +189,12 @@ class OutputCollector:
         if key in self._reads and self._reads[key][1] is read:
             del self._reads[key]
 
-    async def _take(self, key: Hashable, actor: Any) -> None:
+    async def _take(self, key: Hashable, actor: Any, final: bool = False) -> None:
         try:
-            chunk = await actor.drain_output.remote(self._reader.ack(key))
+            ack = self._reader.ack(key)
+            chunk = await (
+                actor.drain_output.remote(ack, True) if final else actor.drain_output.remote(ack)
+            )
         except Exception:  # noqa: BLE001 - dead or ending: its unread lines go with it
             return
         if isinstance(chunk, OutputChunk):

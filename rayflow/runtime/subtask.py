@@ -612,10 +612,11 @@ class Subtask:
     async def ready(self) -> bool:
         return True
 
-    async def drain_output(self, ack: OutputAck | None = None) -> OutputChunk:
+    async def drain_output(self, ack: OutputAck | None = None, final: bool = False) -> OutputChunk:
         """Lines user functions printed here and the reader has not acknowledged yet,
-        prefixed (see ``rayflow.runtime.output``)."""
-        return self._output.read(ack)
+        prefixed (see ``rayflow.runtime.output``); with ``final`` an unfinished line too
+        (the last read before the subtask goes)."""
+        return self._output.read(ack, final=final)
 
     async def quiesce(self, attempt: int, wait_s: float = 2.0) -> bool:
         """The attempt ended: revoke its fence, stop its background work, and say whether
@@ -684,9 +685,10 @@ class Subtask:
         try:
             self._open()
             await self._restore()
-            for op in self.operators:
+            for spec, op in zip(self.d.vertex.operators, self.operators):
                 on_cancel = getattr(op, "on_cancel", None)
                 if on_cancel is not None:
+                    self._current_operator = spec.name  # what it prints is named after it
                     await self._in_thread(on_cancel, latest_completed)
         finally:
             self._close_operators()

@@ -129,9 +129,9 @@ class SubtaskActor:
         return True
 
     @ray.method(concurrency_group=CONTROL_GROUP)
-    async def drain_output(self, ack: OutputAck | None = None) -> OutputChunk:
+    async def drain_output(self, ack: OutputAck | None = None, final: bool = False) -> OutputChunk:
         """Lines user functions printed here and not yet acknowledged, prefixed."""
-        return await self._subtask.drain_output(ack)
+        return await self._subtask.drain_output(ack, final)
 
     @ray.method(concurrency_group=CONTROL_GROUP)
     async def quiesce(self, attempt: int, wait_s: float = 2.0) -> bool:

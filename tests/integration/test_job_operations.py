@@ -311,20 +311,30 @@ def test_prints_survive_a_subtask_too_slow_to_answer_the_drain_in_time(capsys, t
 
 
 class _LoudClose(MapFunction):
-    """Prints each record it sees (slowly, if asked), and again when it is closed."""
+    """Prints each record it sees (slowly, if asked), and an unfinished line when it is
+    closed. With ``fail_once``, raises at the first record after that file exists; with
+    ``mark``, creates that file at its first record."""
 
-    def __init__(self, word: str, pause_s: float = 0.0, fail_at: int | None = None) -> None:
-        self.word, self.pause_s, self.fail_at = word, pause_s, fail_at
+    def __init__(
+        self,
+        word: str,
+        pause_s: float = 0.0,
+        fail_once: str | None = None,
+        mark: str | None = None,
+    ) -> None:
+        self.word, self.pause_s, self.fail_once, self.mark = word, pause_s, fail_once, mark
 
     def map(self, value: dict) -> dict:
-        if value["value"] == self.fail_at:
+        if self.fail_once is not None and os.path.exists(self.fail_once):
             raise ValueError(f"bad record {value['value']}")
         print(f"{self.word} saw {value['value']}")
+        if self.mark is not None:
+            pathlib.Path(self.mark).touch()
         time.sleep(self.pause_s)
         return value
 
     def close(self) -> None:
-        print(f"{self.word} closing")
+        print(f"{self.word} closing", end="")  # unfinished: still a line of its own
 
 
 def _saw(out: list[str], prefix: str) -> list[int]:
@@ -365,22 +375,30 @@ def test_what_a_cancelled_job_printed_up_to_its_close_reaches_the_driver(capsys)
     assert out[-1] == "[Slow 1/1] slow closing", out[-5:]
 
 
-def test_what_a_healthy_subtask_prints_in_close_reaches_the_driver_of_a_failed_job(capsys):
-    """One subtask fails for good (no restart); another, healthy, is stopped by the job
-    master: what it prints while it closes still reaches the driver."""
+def test_what_a_healthy_subtask_prints_in_close_reaches_the_driver_of_a_failed_job(
+    capsys, tmp_path
+):
+    """One subtask fails for good (no restart) once another has printed; the other,
+    healthy, is stopped by the job master: what it prints while it closes still reaches
+    the driver."""
+    mark = str(tmp_path / "second-ran")
     env = StreamExecutionEnvironment.get_execution_environment().set_parallelism(1)
     env.set_restart_strategy(RestartStrategies.no_restart())
     (
-        env.from_collection([{"value": v} for v in range(5)], "Values")
-        .map(_LoudClose("first", fail_at=3), "First")
+        env.from_source(
+            NumberSequenceSource(0, 10**6, batch_size=1, records_per_second=100), "Numbers"
+        )
+        .map(_LoudClose("first", fail_once=mark), "First")
         .key_by("value")
-        .map(_LoudClose("second"), "Second")
+        .map(_LoudClose("second", mark=mark), "Second")
         .sink_to(CollectSink(), "Out")
     )
-    with pytest.raises(JobFailedError, match="bad record 3"):
+    with pytest.raises(JobFailedError, match="bad record"):
         env.execute("prints-failed")
     out = capsys.readouterr().out.splitlines()
+    assert _saw(out, "[Second 1/1] second saw "), out
     assert "[Second 1/1] second closing" in out, out
+    assert "[First 1/1] first closing" in out, out
 
 
 @ray.remote

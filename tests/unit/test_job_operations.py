@@ -444,7 +444,7 @@ class _SlowSubtask:
         self.asked: list[asyncio.Future] = []
         self.drain_output = self
 
-    def remote(self, ack):
+    def remote(self, ack, final=False):
         answer = asyncio.get_running_loop().create_future()
         self.asked.append(answer)
         return self._answer(answer, ack)
@@ -493,6 +493,50 @@ def test_a_collector_reads_a_replaced_subtask_at_once():
         assert collector.log.read().lines == ("[A 1/1] from the new process",)
 
     asyncio.run(scenario())
+
+
+class _ServedEarly:
+    """A subtask that answers a read at once, with the reply delivered only when the
+    test says so."""
+
+    def __init__(self, log: LineLog) -> None:
+        self.log, self.replies = log, []
+        self.drain_output = self
+
+    def remote(self, ack, final=False):
+        chunk = self.log.read(ack)
+        gate = asyncio.get_running_loop().create_future()
+        self.replies.append(gate)
+
+        async def reply():
+            await gate
+            return chunk
+
+        return reply()
+
+
+def test_the_last_read_before_a_kill_is_fresh_not_one_answered_before_the_last_print():
+    async def scenario():
+        log = LineLog()
+        subtask, collector = _ServedEarly(log), OutputCollector()
+        log.append("[Sink 1/1] writing")
+        await collector.read([("k", subtask)], timeout_s=0.0)  # answered, not delivered
+        log.append("[Sink 1/1] aborted a transaction")  # printed while it is cancelled
+        loop = asyncio.get_running_loop()
+        loop.call_later(0.05, lambda: [r.set_result(None) for r in subtask.replies if not r.done()])
+        await collector.last_read([("k", subtask)], timeout_s=1.0)
+        return collector.log.read().lines
+
+    assert asyncio.run(scenario()) == ("[Sink 1/1] writing", "[Sink 1/1] aborted a transaction")
+
+
+def test_a_reader_of_ever_new_logs_stays_bounded():
+    reader = OutputReader()
+    for n in range(OutputReader.MAX_LOGS + 10):
+        log = LineLog()  # a subtask replaced again and again
+        log.append(f"line {n}")
+        assert reader.take("a", log.read(reader.ack("a"))) == [f"line {n}"]
+    assert len(reader._taken) == OutputReader.MAX_LOGS
 
 
 # --- the progress line -------------------------------------------------------------------
