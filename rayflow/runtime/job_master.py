@@ -340,8 +340,10 @@ class JobMaster:
     async def _read_then_kill(self, actors: dict[tuple[int, int], Any]) -> None:
         """Kill live subtasks of this job master's own will, after a last read of what
         they printed (1 s at most)."""
-        await self._output.last_read(actors.items(), timeout_s=1.0)
-        await kill_and_wait(actors.values())
+        try:
+            await self._output.last_read(actors.items(), timeout_s=1.0)
+        finally:
+            await kill_and_wait(actors.values())
 
     def _keep_final_output(self, results: dict[tuple[int, int], Any]) -> None:
         """Move what each finished subtask's ``run()`` returned it printed into this job
@@ -1088,7 +1090,11 @@ class JobMaster:
                     else:
                         actors[key] = self._new_actor(key, deployment)
         except BaseException:
-            await self._read_then_kill({**self._spare, **actors})
+            kept = {**self._spare, **{key: actors.pop(key) for key in redeploys}}
+            try:
+                await kill_and_wait(actors.values())  # created just now: nothing printed
+            finally:
+                await self._read_then_kill(kept)
             self._spare = {}
             raise
         leftover = self._spare

@@ -105,14 +105,18 @@ class OutputReader:
     whoever it reads them from (a subtask, the job master). Not thread-safe; call it
     from one thread or event loop."""
 
-    #: logs remembered at most (the oldest forgotten first): a reader of a subtask
-    #: replaced again and again over a long run stays bounded
+    #: logs no longer read remembered at most (the oldest forgotten first): a reader of
+    #: a subtask replaced again and again over a long run stays bounded
     MAX_LOGS = 4096
 
     def __init__(self) -> None:
-        #: log -> the number of the next line to take, the least recently read first
-        self._taken: OrderedDict[str, int] = OrderedDict()
+        #: log -> the number of the next line to take
+        self._taken: dict[str, int] = {}
         self._log_of: dict[Hashable, str] = {}
+        self._readers: dict[str, int] = {}  # log -> how many in ``_log_of`` read it
+        #: logs none reads any more, the longest unread first (a late chunk of one is
+        #: still taken right while it is remembered)
+        self._retired: OrderedDict[str, None] = OrderedDict()
 
     def ack(self, who: Hashable) -> OutputAck | None:
         """What to send with the next read from ``who``."""
@@ -124,11 +128,8 @@ class OutputReader:
     def take(self, who: Hashable, chunk: OutputChunk) -> list[str]:
         """The lines of ``chunk`` not taken before (a notice first where lines were
         dropped unread)."""
-        self._log_of[who] = chunk.source
+        self._read_by(who, chunk.source)
         taken = self._taken.setdefault(chunk.source, 0)
-        self._taken.move_to_end(chunk.source)
-        while len(self._taken) > self.MAX_LOGS:
-            self._taken.popitem(last=False)
         end = chunk.first + len(chunk.lines)
         if end <= taken:
             return []
@@ -138,6 +139,23 @@ class OutputReader:
         out.extend(chunk.lines[max(0, taken - chunk.first) :])
         self._taken[chunk.source] = end
         return out
+
+    def _read_by(self, who: Hashable, source: str) -> None:
+        before = self._log_of.get(who)
+        if before == source:
+            return
+        self._log_of[who] = source
+        self._readers[source] = self._readers.get(source, 0) + 1
+        self._retired.pop(source, None)
+        if before is None:
+            return
+        self._readers[before] -= 1
+        if self._readers[before] == 0:
+            del self._readers[before]
+            self._retired[before] = None
+            while len(self._retired) > self.MAX_LOGS:
+                gone, _ = self._retired.popitem(last=False)
+                self._taken.pop(gone, None)
 
 
 class OutputCollector:

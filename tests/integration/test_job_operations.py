@@ -354,19 +354,20 @@ def test_what_close_prints_reaches_the_driver_of_a_finished_job(capsys):
     assert "[Loud 1/1] loud closing" in out, out
 
 
-def test_what_a_cancelled_job_printed_up_to_its_close_reaches_the_driver(capsys):
+def test_what_a_cancelled_job_printed_up_to_its_close_reaches_the_driver(capsys, tmp_path):
     """The map keeps printing in its thread after the cancel: every line up to close()
     is printed once, in order, before cancel() returns."""
+    mark = tmp_path / "printing"
     env = StreamExecutionEnvironment.get_execution_environment().set_parallelism(1)
     (
         env.from_source(NumberSequenceSource(0, 10**9, batch_size=200), "Numbers")
-        .map(_LoudClose("slow", pause_s=0.002), "Slow")
+        .map(_LoudClose("slow", pause_s=0.002, mark=str(mark)), "Slow")
         .sink_to(CollectSink(), "Out")
     )
     client = env.execute_async("prints-cancel")
     try:
-        _until(lambda: client.get_job_status() is JobState.RUNNING, what="the job to run")
-        time.sleep(2.0)
+        _until(mark.exists, timeout_s=120, what="the map to print")
+        time.sleep(1.0)
     finally:
         assert client.cancel() is True
     out = capsys.readouterr().out.splitlines()

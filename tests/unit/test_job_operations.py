@@ -536,7 +536,21 @@ def test_a_reader_of_ever_new_logs_stays_bounded():
         log = LineLog()  # a subtask replaced again and again
         log.append(f"line {n}")
         assert reader.take("a", log.read(reader.ack("a"))) == [f"line {n}"]
-    assert len(reader._taken) == OutputReader.MAX_LOGS
+    assert len(reader._taken) == OutputReader.MAX_LOGS + 1  # those retired, and the live one
+
+
+def test_a_reader_never_forgets_a_log_still_read(monkeypatch):
+    """More live subtasks than logs remembered: each line is still taken once."""
+    monkeypatch.setattr(OutputReader, "MAX_LOGS", 2)
+    reader = OutputReader()
+    logs = {who: LineLog() for who in "abc"}
+    taken: list[str] = []
+    for n in range(3):
+        for who, log in logs.items():
+            log.append(f"{who}{n}")
+            taken += reader.take(who, log.read(reader.ack(who)))
+            assert reader.ack(who) is not None
+    assert taken == [f"{who}{n}" for n in range(3) for who in "abc"]
 
 
 # --- the progress line -------------------------------------------------------------------
