@@ -161,10 +161,11 @@ class OutputReader:
 class OutputCollector:
     """A job master's side: what its subtasks printed, read into one log of its own.
 
-    A subtask is any object whose ``drain_output.remote(ack, final=False)`` is awaitable
-    and answers an :class:`OutputChunk` (a subtask actor). A read that answers after its caller
-    stopped waiting is still taken when it does; one read per subtask is in flight at a
-    time, so a subtask too busy to answer gets no pile of reads. Runs on one event loop.
+    A subtask is any object whose ``drain_output.remote(ack, final)`` is awaitable and
+    answers an :class:`OutputChunk` (a subtask actor). A read that answers after its
+    caller stopped waiting is still taken when it does; one read per subtask is in flight
+    at a time, so a subtask too busy to answer gets no pile of reads. Runs on one event
+    loop.
     """
 
     def __init__(self, max_lines: int = MAX_LINES) -> None:
@@ -210,9 +211,7 @@ class OutputCollector:
     async def _take(self, key: Hashable, actor: Any, final: bool = False) -> None:
         try:
             ack = self._reader.ack(key)
-            chunk = await (
-                actor.drain_output.remote(ack, True) if final else actor.drain_output.remote(ack)
-            )
+            chunk = await actor.drain_output.remote(ack, final)
         except Exception:  # noqa: BLE001 - dead or ending: its unread lines go with it
             return
         if isinstance(chunk, OutputChunk):
