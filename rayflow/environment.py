@@ -44,6 +44,7 @@ from rayflow.ray_connect import check_address, quiet_local_start
 from rayflow.recoverability import FailureClassifier
 from rayflow.runtime.channels import DEFAULT_BUFFER_TIMEOUT_MS
 from rayflow.runtime.debloat import MIN_TARGET_MS
+from rayflow.runtime.hook_env import mark_hooked_raylet
 from rayflow.runtime.job_master import JobMaster, _unwrap
 from rayflow.runtime.latency import DEFAULT_LATENCY_TRACKING_INTERVAL_MS, LatencyTracker
 from rayflow.runtime.output import OutputChunk, OutputReader
@@ -119,8 +120,10 @@ def ensure_ray(address: str | None = None, log_to_driver: bool = True) -> None:
         if config := local_ray_system_config():
             kwargs["_system_config"] = config
         # Its workers import rayflow's runtime while they wait idle, not when a job starts.
-        with worker_setup_hook():
+        with worker_setup_hook() as hooked:
             ray.init(**kwargs)
+        if hooked:
+            mark_hooked_raylet(ray.get_runtime_context().gcs_address)
         return
     ray.init(**kwargs)
 
@@ -275,6 +278,8 @@ class JobClient:
         self.job_name = job_name
         self._lock = lock
         self._warm = warm
+        #: the job master's runtime environment: the one of the workers kept warm, if any
+        self._actor_env = warm_workers.runtime_env_for_job(warm)
         self.job_id = job_id
         self.run_id = settings.run_id
         self._graph = graph
@@ -310,9 +315,13 @@ class JobClient:
 
     def _start_master(self) -> None:
         generation = settings_generation(self._settings)
+        options: dict[str, Any] = {}
+        if self._actor_env is not None:
+            options["runtime_env"] = self._actor_env  # its subtasks inherit it
         self._master = JobMaster.options(
             name=f"rayflow:{self.job_id}:master:{generation}",
             max_concurrency=1000,
+            **options,
         ).remote(self._graph, self._settings)
         self._run_ref = self._master.run.remote()
         if self._cancel_requested and not self._settings.cancel_requested:

@@ -41,6 +41,7 @@ from collections.abc import Iterator
 
 __all__ = [
     "SETUP_HOOK",
+    "hook_variable",
     "import_runtime",
     "shadowed_modules",
     "worker_setup_hook",
@@ -67,7 +68,8 @@ _WHICH_RAYFLOW = (
 _FALLBACK_VARIABLE = "__RAY_WORKER_PROCESS_SETUP_HOOK_ENV_VAR"
 
 
-def _variable() -> str:
+def hook_variable() -> str:
+    """The environment variable by which Ray names a worker's setup hook."""
     try:
         from ray._private import ray_constants
 
@@ -92,7 +94,7 @@ def import_runtime() -> None:
     """Import what the job master and a subtask import when they start. The hook's
     variable leaves this worker's environment: what the worker starts (a subprocess
     calling ``ray.init``, say) does not inherit it."""
-    os.environ.pop(_variable(), None)
+    os.environ.pop(hook_variable(), None)
     if not _runs_tasks():
         return  # a worker that spills or restores objects runs no actor
     try:
@@ -227,18 +229,19 @@ def _drivers_from(name: str, directories: set[str]) -> bool:
 
 
 @contextlib.contextmanager
-def worker_setup_hook() -> Iterator[None]:
+def worker_setup_hook() -> Iterator[bool]:
     """While in the block, processes started from this one (the local raylet that
     ``ray.init`` starts, and so every worker it starts) run :func:`import_runtime` before
     they take work; a hook the environment already names is left as it is, and none is
     set where the workers would not import this process's rayflow, or where the driver's
-    directories shadow an installed module (:func:`shadowed_modules`)."""
-    variable = _variable()
+    directories shadow an installed module (:func:`shadowed_modules`). Yields whether
+    the hook is set."""
+    variable = hook_variable()
     if variable in os.environ or shadowed_modules() or not workers_import_this_rayflow():
-        yield
+        yield False
         return
     os.environ[variable] = SETUP_HOOK
     try:
-        yield
+        yield True
     finally:
         os.environ.pop(variable, None)

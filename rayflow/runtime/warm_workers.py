@@ -19,17 +19,26 @@ whose processes would compete with the job for CPU. Only processes are started a
 time: which actors a job creates, who owns them and how they are fenced is unchanged.
 Where the call is not available (another Ray version, a Ray Client connection, a driver
 with a runtime environment, whose actors could not take these workers), nothing happens.
+
+On a Ray that rayflow did not start, the workers kept warm are started with rayflow's
+setup hook in their runtime environment (:mod:`rayflow.runtime.hook_env`), so they import
+rayflow's runtime while idle; only those count as warm, and the next job's job master is
+created with that environment (:meth:`WarmWorkers.runtime_env_for_job`) while they are
+there, so that it and its subtasks take them.
 """
 
 from __future__ import annotations
 
 import atexit
+import copy
 import logging
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from rayflow.runtime.hook_env import runs_the_hook
 
 __all__ = ["WarmWorkerConfig", "WarmWorkers", "top_up", "warm_workers"]
 
@@ -120,6 +129,8 @@ class _Raylet:
         import ray
         from ray.core.generated import common_pb2, node_manager_pb2, node_manager_pb2_grpc
 
+        from rayflow.runtime.hook_env import actor_runtime_env
+
         ctx = ray.get_runtime_context()
         if ctx.runtime_env:
             raise RuntimeError("the driver has a runtime environment")
@@ -135,6 +146,9 @@ class _Raylet:
         self.job_id = bytes.fromhex(ctx.get_job_id())
         self.nil_job = b"\xff" * len(self.job_id)
         self.nil_actor = b"\xff" * len(ray.ActorID.nil().binary())
+        #: the runtime environment the workers are started with (None: the driver's)
+        self.runtime_env = actor_runtime_env()
+        self.runtime_env_info = _runtime_env_info(self.runtime_env)
 
     def calls(self) -> _RayletCalls:
         return _RayletCalls(self)
@@ -173,6 +187,7 @@ class _RayletCalls:
             and w.num_executed_tasks == 0
             and w.num_running_tasks == 0
             and w.job_id in (b"", r.nil_job, r.job_id)
+            and (r.runtime_env is None or runs_the_hook(w.pid))
         )
 
     def prestart(self, n: int, keep_alive_s: float) -> None:
@@ -183,9 +198,31 @@ class _RayletCalls:
                 job_id=r.job_id,
                 keep_alive_duration_secs=int(keep_alive_s),
                 num_workers=n,
+                **({"runtime_env_info": r.runtime_env_info} if r.runtime_env_info else {}),
             ),
             timeout=5,
         )
+
+
+def _runtime_env_info(runtime_env: dict[str, Any] | None) -> Any:
+    """Ray's ``RuntimeEnvInfo`` message for ``runtime_env``, as Ray makes it for an actor
+    created with it (its workers are kept apart by it); None for None."""
+    if runtime_env is None:
+        return None
+    from ray._private.utils import get_runtime_env_info
+    from ray.runtime_env import RuntimeEnv
+
+    return get_runtime_env_info(RuntimeEnv(**runtime_env), is_job_runtime_env=False)
+
+
+def _current_connection() -> str:
+    """This driver's connection: its cluster and its Ray job."""
+    import ray
+
+    if not ray.is_initialized():
+        raise RuntimeError("Ray is not initialized")
+    context = ray.get_runtime_context()
+    return f"{context.gcs_address}/{context.get_job_id()}"
 
 
 def _current_node_id() -> str:
@@ -203,9 +240,13 @@ class WarmWorkers:
         self,
         raylet_factory: Callable[[], Any] = _Raylet,
         node_id: Callable[[], str] | None = None,
+        connection: Callable[[], str] | None = None,
     ) -> None:
         self._factory = raylet_factory
         self._node_id = node_id or _current_node_id
+        self._connection = connection or _current_connection
+        #: (connection, runtime environment, until when) of the workers kept warm last
+        self._hooked: tuple[str, dict[str, Any], float] | None = None
         # the raylet handle of the current connection only; None where unavailable
         self._raylets: dict[str, Any] = {}
         self._lock = threading.Lock()
@@ -266,6 +307,7 @@ class WarmWorkers:
             raylet = self._get()
             if raylet is None or stopped():
                 return
+            self._note_runtime_env(getattr(raylet, "runtime_env", None), config.keep_alive_s)
             per_round = raylet.startup_concurrency
             try:
                 with raylet.calls() as calls:
@@ -285,6 +327,38 @@ class WarmWorkers:
             self._thread = thread
         thread.start()
         return thread
+
+    def _note_runtime_env(self, runtime_env: dict[str, Any] | None, keep_alive_s: float) -> None:
+        try:
+            connection = self._connection()
+        except Exception:  # noqa: BLE001 - not connected
+            return
+        with self._lock:
+            if runtime_env is None:
+                self._hooked = None
+            else:
+                self._hooked = (connection, runtime_env, self._clock() + keep_alive_s)
+
+    def runtime_env_for_job(self, config: WarmWorkerConfig | None) -> dict[str, Any] | None:
+        """The runtime environment for the next job's job master (its subtasks inherit it):
+        the one the workers kept warm after a job of this connection were started with,
+        while they may still be there; None otherwise (the actors then take whichever
+        workers Ray has, as without warm workers)."""
+        if config is None or not config.enabled:
+            return None
+        with self._lock:
+            hooked = self._hooked
+        if hooked is None:
+            return None
+        connection, runtime_env, until = hooked
+        try:
+            if self._connection() != connection:
+                return None
+        except Exception:  # noqa: BLE001 - not connected
+            return None
+        if self._clock() >= until:
+            return None
+        return copy.deepcopy(runtime_env)
 
     def stop(self, timeout_s: float = 1.0) -> None:
         """End a running top-up (its channel to the raylet is closed on the way out)."""

@@ -252,3 +252,80 @@ def test_a_module_of_the_drivers_directory_that_shadows_an_installed_one_reaches
     assert done.returncode == 0, done.stderr[-3000:]
     assert "driver: [120.0]" in done.stdout, done.stdout
     assert "actors: [120.0]" in done.stdout, done.stdout + done.stderr[-3000:]
+
+
+class _Pids(SinkWriter):
+    """What the sink subtask's process is: its pid and whether it started with rayflow's
+    setup hook in its environment (the hook itself takes it out of ``os.environ``)."""
+
+    def __init__(self) -> None:
+        import os
+
+        from rayflow.runtime.hook_env import runs_the_hook
+
+        self.pid = os.getpid()
+        self.hooked = runs_the_hook(self.pid)
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        pass
+
+    def finish(self) -> Any:
+        return [(self.pid, self.hooked)]
+
+
+class PidsSink(Sink):
+    def create_writer(self, context: SinkContext) -> SinkWriter:
+        return _Pids()
+
+    def merge_results(self, results: list[Any]) -> Any:
+        return [p for r in results for p in r]
+
+
+def _hooked_idle_pids() -> set[int]:
+    """Never-used idle workers on this node started with rayflow's setup hook."""
+    from rayflow.runtime.hook_env import runs_the_hook
+
+    raylet = _Raylet()
+    request = raylet.pb.GetNodeStatsRequest(include_memory_info=False)
+    with raylet.calls() as calls:
+        reply = calls.stub.GetNodeStats(request, timeout=5)
+    return {
+        w.pid
+        for w in reply.core_workers_stats
+        if w.pid > 0 and w.num_executed_tasks == 0 and runs_the_hook(w.pid)
+    }
+
+
+def test_on_a_ray_the_user_started_the_next_jobs_subtasks_take_workers_that_imported_the_runtime():
+    """The tests' Ray is one the user started (``ray.init(address="local")``), whose
+    raylet has no setup hook. The workers kept warm after a job are started with rayflow's
+    hook in their runtime environment, and the next job's subtasks run in them: processes
+    that imported rayflow's runtime before the job started."""
+    import sys
+
+    from rayflow.runtime.hook_env import actor_runtime_env
+
+    if sys.platform != "linux":
+        pytest.skip("warm workers with the hook are told apart by /proc/<pid>/environ")
+    assert actor_runtime_env() is not None  # this checkout is what the workers import
+
+    def job() -> tuple[StreamExecutionEnvironment, Sink]:
+        env = StreamExecutionEnvironment().set_parallelism(2)
+        env.set_warm_workers(max_workers=16, keep_alive_s=60)
+        sink = PidsSink()
+        env.from_source(NumberSequenceSource(0, 99, batch_size=10)).map_batches(
+            lambda b: b
+        ).sink_to(sink)
+        return env, sink
+
+    env, _ = job()
+    env.execute(_job_name("hooked"))
+    assert _wait_for(lambda: len(_hooked_idle_pids()) >= 3)  # two subtasks and the master
+    idle = _hooked_idle_pids()
+
+    env, sink = job()
+    result = env.execute(_job_name("hooked"))
+    subtasks = result.sink_result(sink)
+    assert len(subtasks) == 2
+    assert all(hooked for _, hooked in subtasks), subtasks
+    assert {pid for pid, _ in subtasks} <= idle, (subtasks, idle)

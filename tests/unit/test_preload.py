@@ -13,7 +13,7 @@ import pytest
 from rayflow.runtime import preload
 from rayflow.runtime.preload import SETUP_HOOK, import_runtime, worker_setup_hook
 
-VARIABLE = preload._variable()
+VARIABLE = preload.hook_variable()
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(preload.__file__))))
 
 
