@@ -279,7 +279,7 @@ class JobClient:
         self._lock = lock
         self._warm = warm
         #: the job master's runtime environment: the one of the workers kept warm, if any
-        self._actor_env = warm_workers.runtime_env_for_job(warm)
+        self._actor_env = warm_workers.runtime_env_for_job(warm, job_actor_count(graph))
         self.job_id = job_id
         self.run_id = settings.run_id
         self._graph = graph

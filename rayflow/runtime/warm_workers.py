@@ -93,8 +93,9 @@ def top_up(
     many processes at once as the node has CPUs, and drops the rest), then waits until
     those show up idle: until all did, or none more came for ``settle_s`` after one did,
     or ``round_s`` passed. A process still starting is not idle yet, so asking again
-    before it shows up would start one too many. At most ``max_rounds`` rounds; ``stop()``
-    ends it between polls."""
+    before it shows up would start one too many. A round in which none showed up ends it
+    (the processes fail to start, or cannot be counted). At most ``max_rounds`` rounds;
+    ``stop()`` ends it between polls."""
     asked = 0
     for _ in range(max_rounds):
         if stop():
@@ -106,16 +107,19 @@ def top_up(
         start(n)
         asked += n
         deadline = clock() + round_s
-        last, last_change = have, None
+        last, last_change, came = have, None, False
         while not stop() and clock() < deadline:
             sleep(poll_s)
             now = idle()
+            came = came or now > have
             if now >= have + n:
                 break
             if now != last:
                 last, last_change = now, clock()
             elif last_change is not None and clock() - last_change >= settle_s:
                 break
+        if not came:
+            break  # none of them showed up: asking again would only start more
     return asked
 
 
@@ -187,7 +191,7 @@ class _RayletCalls:
             and w.num_executed_tasks == 0
             and w.num_running_tasks == 0
             and w.job_id in (b"", r.nil_job, r.job_id)
-            and (r.runtime_env is None or runs_the_hook(w.pid))
+            and (r.runtime_env is None or runs_the_hook(w.pid, r.runtime_env))
         )
 
     def prestart(self, n: int, keep_alive_s: float) -> None:
@@ -202,6 +206,17 @@ class _RayletCalls:
             ),
             timeout=5,
         )
+
+
+@dataclass
+class _HookedWorkers:
+    """Workers kept warm with a runtime environment: for which driver connection, until
+    when they may be there, and how many the top-up last saw idle."""
+
+    connection: str
+    runtime_env: dict[str, Any]
+    until: float
+    ready: int = 0
 
 
 def _runtime_env_info(runtime_env: dict[str, Any] | None) -> Any:
@@ -245,8 +260,8 @@ class WarmWorkers:
         self._factory = raylet_factory
         self._node_id = node_id or _current_node_id
         self._connection = connection or _current_connection
-        #: (connection, runtime environment, until when) of the workers kept warm last
-        self._hooked: tuple[str, dict[str, Any], float] | None = None
+        #: the workers kept warm last with a runtime environment (None: without one)
+        self._hooked: _HookedWorkers | None = None
         # the raylet handle of the current connection only; None where unavailable
         self._raylets: dict[str, Any] = {}
         self._lock = threading.Lock()
@@ -261,17 +276,19 @@ class WarmWorkers:
             node_id = self._node_id()
         except Exception:  # noqa: BLE001 - not connected
             return None
+        # Made anew each time, never cached: a driver that leaves and joins the same
+        # cluster again keeps its node id but has a new Ray job id, and workers must be
+        # started for the job it runs now. Made outside the lock (it may export the setup
+        # hook to Ray): a job start waits for no such call.
+        try:
+            raylet = self._factory()
+        except Exception as exc:  # noqa: BLE001 - no warm workers, nothing else changes
+            log.debug("warm workers unavailable: %s", exc)
+            raylet = None
         with self._lock:
-            # Made anew each time, never cached: a driver that leaves and joins the same
-            # cluster again keeps its node id but has a new Ray job id, and workers must
-            # be started for the job it runs now.
             self._raylets.clear()
-            try:
-                self._raylets[node_id] = self._factory()
-            except Exception as exc:  # noqa: BLE001 - no warm workers, nothing else changes
-                log.debug("warm workers unavailable: %s", exc)
-                self._raylets[node_id] = None
-            return self._raylets[node_id]
+            self._raylets[node_id] = raylet
+        return raylet
 
     def job_starting(self) -> None:
         """A job is starting: end any top-up. Its processes would compete with the job
@@ -311,8 +328,14 @@ class WarmWorkers:
             per_round = raylet.startup_concurrency
             try:
                 with raylet.calls() as calls:
+
+                    def idle() -> int:
+                        count = calls.fresh_idle()
+                        self._note_ready(count, generation)
+                        return count
+
                     top_up(
-                        calls.fresh_idle,
+                        idle,
                         lambda n: calls.prestart(n, config.keep_alive_s),
                         target,
                         per_round=per_round,
@@ -337,28 +360,45 @@ class WarmWorkers:
             if runtime_env is None:
                 self._hooked = None
             else:
-                self._hooked = (connection, runtime_env, self._clock() + keep_alive_s)
+                until = self._clock() + keep_alive_s
+                self._hooked = _HookedWorkers(connection, runtime_env, until)
 
-    def runtime_env_for_job(self, config: WarmWorkerConfig | None) -> dict[str, Any] | None:
-        """The runtime environment for the next job's job master (its subtasks inherit it):
-        the one the workers kept warm after a job of this connection were started with,
-        while they may still be there; None otherwise (the actors then take whichever
-        workers Ray has, as without warm workers)."""
+    def _note_ready(self, count: int, generation: int) -> None:
+        """The running top-up saw ``count`` workers of its environment idle (a top-up that
+        a job start or a newer top-up ended no longer counts)."""
+        with self._lock:
+            if self._hooked is not None and generation == self._generation:
+                self._hooked.ready = count
+
+    def runtime_env_for_job(
+        self, config: WarmWorkerConfig | None, actors: int
+    ) -> dict[str, Any] | None:
+        """The runtime environment for a job of ``actors`` actors that starts now, for its
+        job master (its subtasks inherit it): the one the workers kept warm after a job of
+        this connection were started with, when the last top-up saw at least ``actors``
+        of them idle and they may still be there; None otherwise, and the actors take
+        whichever workers Ray has, as without warm workers. (A process started for that
+        environment costs more than one without: Ray starts it through a second
+        interpreter, and it imports rayflow's runtime before it takes work, so a job
+        takes that environment only where its workers are already there.) The workers
+        it counts on are taken off the count."""
         if config is None or not config.enabled:
+            return None
+        try:
+            connection = self._connection()
+        except Exception:  # noqa: BLE001 - not connected
             return None
         with self._lock:
             hooked = self._hooked
-        if hooked is None:
-            return None
-        connection, runtime_env, until = hooked
-        try:
-            if self._connection() != connection:
+            if (
+                hooked is None
+                or hooked.connection != connection
+                or self._clock() >= hooked.until
+                or hooked.ready < actors
+            ):
                 return None
-        except Exception:  # noqa: BLE001 - not connected
-            return None
-        if self._clock() >= until:
-            return None
-        return copy.deepcopy(runtime_env)
+            hooked.ready -= actors
+            return copy.deepcopy(hooked.runtime_env)
 
     def stop(self, timeout_s: float = 1.0) -> None:
         """End a running top-up (its channel to the raylet is closed on the way out)."""

@@ -5,6 +5,7 @@ after their keep-alive."""
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from typing import Any
@@ -254,17 +255,26 @@ def test_a_module_of_the_drivers_directory_that_shadows_an_installed_one_reaches
     assert "actors: [120.0]" in done.stdout, done.stdout + done.stderr[-3000:]
 
 
+def _started_with_a_hook() -> bool:
+    """Whether this process started with a setup hook exported by a driver in its
+    environment (the hook itself takes it out of ``os.environ``)."""
+    from rayflow.runtime.preload import hook_variable
+
+    with open("/proc/self/environ", "rb") as f:
+        started_with = f.read().split(b"\0")
+    mark = f"{hook_variable()}=ray_runtime_env_func::".encode()
+    return any(entry.startswith(mark) for entry in started_with)
+
+
 class _Pids(SinkWriter):
     """What the sink subtask's process is: its pid and whether it started with rayflow's
-    setup hook in its environment (the hook itself takes it out of ``os.environ``)."""
+    setup hook in its environment."""
 
     def __init__(self) -> None:
         import os
 
-        from rayflow.runtime.hook_env import runs_the_hook
-
         self.pid = os.getpid()
-        self.hooked = runs_the_hook(self.pid)
+        self.hooked = _started_with_a_hook()
 
     def write(self, batch: pa.RecordBatch) -> None:
         pass
@@ -286,13 +296,14 @@ def _hooked_idle_pids() -> set[int]:
     from rayflow.runtime.hook_env import runs_the_hook
 
     raylet = _Raylet()
+    assert raylet.runtime_env is not None
     request = raylet.pb.GetNodeStatsRequest(include_memory_info=False)
     with raylet.calls() as calls:
         reply = calls.stub.GetNodeStats(request, timeout=5)
     return {
         w.pid
         for w in reply.core_workers_stats
-        if w.pid > 0 and w.num_executed_tasks == 0 and runs_the_hook(w.pid)
+        if w.pid > 0 and w.num_executed_tasks == 0 and runs_the_hook(w.pid, raylet.runtime_env)
     }
 
 
@@ -321,6 +332,7 @@ def test_on_a_ray_the_user_started_the_next_jobs_subtasks_take_workers_that_impo
     env, _ = job()
     env.execute(_job_name("hooked"))
     assert _wait_for(lambda: len(_hooked_idle_pids()) >= 3)  # two subtasks and the master
+    warm_workers._thread.join(30)  # the top-up has counted them too
     idle = _hooked_idle_pids()
 
     env, sink = job()
@@ -329,3 +341,95 @@ def test_on_a_ray_the_user_started_the_next_jobs_subtasks_take_workers_that_impo
     assert len(subtasks) == 2
     assert all(hooked for _, hooked in subtasks), subtasks
     assert {pid for pid, _ in subtasks} <= idle, (subtasks, idle)
+
+
+_COPY_DRIVER = """
+import json, os, sys, time
+import ray
+
+ray.init(address="local", include_dashboard=False, logging_level="ERROR")
+# the driver's environment differs from the one its raylet (and so every worker) got
+os.environ["PYTHONPATH"] = os.path.dirname(os.path.abspath(__file__))
+import rayflow
+from rayflow import NumberSequenceSource, StreamExecutionEnvironment
+from rayflow.runtime.hook_env import actor_runtime_env
+
+WRAPPER = sys.argv[1]
+print("driver:", rayflow.__file__, getattr(rayflow, "COPY", False), flush=True)
+
+
+def double(x):
+    return 2 * x
+
+
+def probe(batch):
+    import rayflow as theirs
+
+    # a task of the job's own, in an interpreter with Ray but without rayflow
+    task = ray.remote(max_retries=0)(double).options(runtime_env={"py_executable": WRAPPER})
+    doubled = ray.get(task.remote(21), timeout=120)
+    print("subtask:", json.dumps([theirs.__file__, getattr(theirs, "COPY", False), doubled]))
+    return batch
+
+
+for job in range(2):
+    env = StreamExecutionEnvironment().set_parallelism(1)
+    env.set_warm_workers(max_workers=16, keep_alive_s=60)
+    env.from_source(NumberSequenceSource(0, 9, batch_size=10)).map_batches(probe).print()
+    env.execute(f"copy-{job}")
+    print("job done:", job, "hooked next:", actor_runtime_env() is not None, flush=True)
+    time.sleep(6)  # the workers kept warm come up
+ray.shutdown()
+"""
+
+
+def test_warm_workers_with_the_hook_change_neither_which_rayflow_runs_nor_the_jobs_own_tasks(
+    tmp_path,
+):
+    """The driver runs a copy of rayflow from its own directory (on its ``PYTHONPATH``
+    too, which its raylet did not get), where the workers' own path finds the installed
+    one (Ray puts the driver's directory on a worker's path only when its first task
+    runs, after the hook); a function of the job starts a Ray task in
+    an interpreter without rayflow, which inherits the hook's variable. The second job
+    runs on the workers kept warm after the first: its subtasks must still run the copy,
+    and the task must still run."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+    import sysconfig
+
+    from tests.integration.drivers import ROOT
+
+    copy = tmp_path / "copy"
+    shutil.copytree(
+        os.path.join(ROOT, "rayflow"), copy / "rayflow", ignore=shutil.ignore_patterns("*.pyc")
+    )
+    with open(copy / "rayflow" / "__init__.py", "a") as f:
+        f.write("\nCOPY = True\n")
+    (copy / "driver.py").write_text(_COPY_DRIVER)
+    wrapper = tmp_path / "python-without-rayflow"
+    site = sysconfig.get_paths()["purelib"]
+    wrapper.write_text(f'#!/bin/sh\nPYTHONPATH={site} exec {sys.executable} -S "$@"\n')
+    wrapper.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "RAY_ADDRESS")}
+    done = subprocess.run(
+        [sys.executable, str(copy / "driver.py"), str(wrapper)],
+        cwd=copy,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    out = done.stdout
+    assert done.returncode == 0, out + done.stderr[-3000:]
+    assert f"driver: {copy}" in out and "True" in out.splitlines()[0], out
+    assert "job done: 0 hooked next: True" in out, out  # the second job has the hook
+    assert "job done: 1" in out, out
+    subtasks = [
+        json.loads(line.split(": ", 1)[1]) for line in out.splitlines() if "subtask: " in line
+    ]
+    assert len(subtasks) >= 2, out
+    for file, is_copy, doubled in subtasks:
+        assert file.startswith(str(copy)) and is_copy, subtasks
+        assert doubled == 42

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 from types import SimpleNamespace
 
@@ -25,6 +26,9 @@ VARIABLE = preload.hook_variable()
 linux_only = pytest.mark.skipif(sys.platform != "linux", reason="reads /proc/<pid>/environ")
 
 
+HOOK = {"env_vars": {VARIABLE: "ray_runtime_env_func::job-01000000-hook"}}
+
+
 def _sleeper(env: dict[str, str]) -> subprocess.Popen:
     return subprocess.Popen(
         [
@@ -39,19 +43,89 @@ def _sleeper(env: dict[str, str]) -> subprocess.Popen:
 @linux_only
 def test_a_process_started_with_the_hook_is_told_apart_even_after_it_dropped_the_variable():
     base = {k: v for k, v in os.environ.items() if k != VARIABLE}
-    hooked = _sleeper({**base, VARIABLE: SETUP_HOOK})
-    other = _sleeper({**base, VARIABLE: "someone.elses.hook"})
+    value = HOOK["env_vars"][VARIABLE]
+    hooked = _sleeper({**base, VARIABLE: value})
+    other_job = _sleeper({**base, VARIABLE: value.replace("01", "02")})
+    other = _sleeper({**base, VARIABLE: SETUP_HOOK})
     plain = _sleeper(base)
     try:
         time.sleep(0.3)
-        assert runs_the_hook(hooked.pid)
-        assert not runs_the_hook(other.pid)
-        assert not runs_the_hook(plain.pid)
+        assert runs_the_hook(hooked.pid, HOOK)
+        assert not runs_the_hook(other_job.pid, HOOK)
+        assert not runs_the_hook(other.pid, HOOK)
+        assert not runs_the_hook(plain.pid, HOOK)
     finally:
-        for p in (hooked, other, plain):
+        for p in (hooked, other_job, other, plain):
             p.kill()
             p.wait()
-    assert not runs_the_hook(hooked.pid)  # gone: cannot be read
+    assert not runs_the_hook(hooked.pid, HOOK)  # gone: cannot be read
+
+
+_LOAD_HOOK = """
+import os, pickle, sys
+hook = pickle.loads(bytes.fromhex(sys.argv[1]))
+os.environ[sys.argv[2]] = "set"
+hook()
+print("variable left:", sys.argv[2] in os.environ)
+print("runtime imported:", "rayflow.runtime.subtask_actor" in sys.modules)
+print("rayflow imported:", "rayflow" in sys.modules)
+"""
+
+
+def _run_hook(expected: list[str], pythonpath: str | None) -> str:
+    """Load the hook pickled as Ray pickles it into a fresh interpreter (the way a worker
+    does, before anything of rayflow is imported) and run it."""
+    from ray import cloudpickle
+
+    hook = hook_env.hook_function(expected, VARIABLE)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", VARIABLE)}
+    if pythonpath is not None:
+        env["PYTHONPATH"] = pythonpath
+    done = subprocess.run(
+        [sys.executable, "-c", _LOAD_HOOK, cloudpickle.dumps(hook).hex(), VARIABLE],
+        env=env,
+        cwd="/",
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(hook_env.__file__))))
+
+
+def test_the_hook_imports_the_runtime_where_the_worker_finds_the_drivers_rayflow():
+    import rayflow
+
+    out = _run_hook(list(rayflow.__path__), ROOT)
+    assert "variable left: False" in out
+    assert "runtime imported: True" in out, out
+
+
+def test_the_hook_imports_nothing_where_the_worker_finds_another_rayflow(tmp_path):
+    other = tmp_path / "site" / "rayflow"
+    (other / "runtime").mkdir(parents=True)
+    (other / "__init__.py").write_text("raise RuntimeError('another rayflow imported')\n")
+    (other / "runtime" / "__init__.py").write_text("")
+    import rayflow
+
+    out = _run_hook(list(rayflow.__path__), str(tmp_path / "site"))
+    assert "variable left: False" in out
+    assert "rayflow imported: False" in out, out
+
+
+def test_the_hook_loads_and_runs_in_a_worker_without_rayflow(tmp_path):
+    """Pickled by value: an interpreter that cannot import rayflow (a task with an
+    environment of its own that inherits the variable) loads and runs it."""
+    blocked = tmp_path / "blocked"
+    blocked.mkdir()
+    # a path entry that makes ``import rayflow`` fail, as where it is not installed
+    (blocked / "rayflow.py").write_text("raise ImportError('no rayflow here')\n")
+    out = _run_hook(["/nowhere/rayflow"], str(blocked))
+    assert "variable left: False" in out
+    assert "rayflow imported: False" in out, out
 
 
 class _Context:
@@ -66,29 +140,36 @@ class _Context:
 
 @pytest.fixture
 def connected(monkeypatch):
-    """A driver connected to a Ray (its runtime context), whose workers import this
-    rayflow; counts the checks that start a process."""
+    """A driver connected to a Ray (its runtime context); counts the hook's exports."""
     import ray
 
     context = _Context()
-    checks = []
+    exports = []
+
+    def export(hook) -> str:
+        exports.append(hook)
+        return f"ray_runtime_env_func::{context.get_job_id()}"
+
     monkeypatch.setattr(sys, "platform", "linux")
     monkeypatch.setattr(ray, "is_initialized", lambda: True)
     monkeypatch.setattr(ray, "get_runtime_context", lambda: context)
     monkeypatch.setattr(hook_env, "shadowed_modules", lambda: [])
-    monkeypatch.setattr(hook_env, "workers_import_this_rayflow", lambda: checks.append(1) or True)
+    monkeypatch.setattr(hook_env, "_export", export)
     monkeypatch.delenv(VARIABLE, raising=False)
     monkeypatch.setattr(hook_env, "_decided", {})
     monkeypatch.setattr(hook_env, "_hooked_raylets", set())
-    return SimpleNamespace(context=context, checks=checks)
+    return SimpleNamespace(context=context, exports=exports)
 
 
-def test_a_ray_the_user_started_gives_the_actors_the_hook_and_the_check_runs_once(connected):
-    assert actor_runtime_env() == {"env_vars": {VARIABLE: SETUP_HOOK}}
+def test_a_ray_the_user_started_gives_the_actors_the_hook_exported_once(connected):
+    expected = {"env_vars": {VARIABLE: "ray_runtime_env_func::01000000"}}
+    assert actor_runtime_env() == expected
     env = actor_runtime_env()
     env["env_vars"]["X"] = "changed by a caller"
-    assert actor_runtime_env() == {"env_vars": {VARIABLE: SETUP_HOOK}}
-    assert len(connected.checks) == 1
+    assert actor_runtime_env() == expected
+    assert len(connected.exports) == 1
+    connected.context._job = "02000000"  # the driver joined again: a new job
+    assert actor_runtime_env() == {"env_vars": {VARIABLE: "ray_runtime_env_func::02000000"}}
 
 
 def test_no_hook_where_the_raylet_runs_it_already(connected):
@@ -106,13 +187,15 @@ def test_no_hook_over_the_drivers_runtime_environment_or_its_own_hook(connected,
     assert actor_runtime_env() is None
 
 
-def test_no_hook_where_the_workers_would_import_another_rayflow_or_a_module_is_shadowed(
-    connected, monkeypatch
-):
-    monkeypatch.setattr(hook_env, "workers_import_this_rayflow", lambda: False)
-    assert actor_runtime_env() is None
-    monkeypatch.setattr(hook_env, "workers_import_this_rayflow", lambda: True)
+def test_no_hook_where_a_module_is_shadowed_or_the_export_fails(connected, monkeypatch):
     monkeypatch.setattr(hook_env, "shadowed_modules", lambda: ["colorsys"])
+    assert actor_runtime_env() is None
+    monkeypatch.setattr(hook_env, "shadowed_modules", lambda: [])
+
+    def fails(hook) -> str:
+        raise TimeoutError("GCS")
+
+    monkeypatch.setattr(hook_env, "_export", fails)
     connected.context._job = "02000000"  # decided again for another job
     assert actor_runtime_env() is None
 
@@ -127,9 +210,6 @@ def test_no_hook_off_linux_or_without_ray(connected, monkeypatch):
     assert actor_runtime_env() is None
 
 
-HOOK = {"env_vars": {VARIABLE: SETUP_HOOK}}
-
-
 def _warm(node: FakeNode, runtime_env: list, connection: list[str]) -> WarmWorkers:
     """Warm workers over ``node``; the raylet's runtime environment is ``runtime_env[0]``
     when it is made, the driver's connection ``connection[0]`` when asked."""
@@ -142,27 +222,62 @@ def _warm(node: FakeNode, runtime_env: list, connection: list[str]) -> WarmWorke
     return WarmWorkers(raylet, node_id=lambda: "n1", connection=lambda: connection[0])
 
 
-def test_the_next_job_gets_the_environment_of_the_workers_kept_warm_while_they_may_be_there():
+def test_the_next_job_gets_the_environment_of_the_workers_kept_warm_while_they_are_there():
     node = FakeNode(idle=0, concurrency=2, ticks=1)
     connection = ["ray-a/01000000"]
     warm = _warm(node, [HOOK], connection)
     now = [0.0]
     warm._clock = lambda: now[0]
     config = WarmWorkerConfig(max_workers=16, keep_alive_s=60)
-    assert warm.runtime_env_for_job(config) is None  # nothing kept warm yet
+    assert warm.runtime_env_for_job(config, 3) is None  # nothing kept warm yet
     warm.keep_warm(3, config).join(30)
-    assert warm.runtime_env_for_job(config) == HOOK
-    warm.runtime_env_for_job(config)["env_vars"]["X"] = "1"  # a copy
-    assert warm.runtime_env_for_job(config) == HOOK
-    assert warm.runtime_env_for_job(None) is None  # a job without warm workers
-    assert warm.runtime_env_for_job(WarmWorkerConfig(max_workers=0)) is None
-    now[0] = 59.0
-    assert warm.runtime_env_for_job(config) == HOOK
+    assert node.idle_now == 3
+    assert warm.runtime_env_for_job(None, 3) is None  # a job without warm workers
+    assert warm.runtime_env_for_job(WarmWorkerConfig(max_workers=0), 3) is None
+    assert warm.runtime_env_for_job(config, 4) is None  # more actors than are there
+    env = warm.runtime_env_for_job(config, 3)
+    assert env == HOOK
+    env["env_vars"]["X"] = "1"  # a copy
+    # the three are taken: a job starting right after gets none
+    assert warm.runtime_env_for_job(config, 1) is None
+
+
+def test_workers_kept_warm_count_only_while_they_may_be_there_and_for_their_connection():
+    node = FakeNode(idle=0, concurrency=2, ticks=1)
+    connection = ["ray-a/01000000"]
+    warm = _warm(node, [HOOK], connection)
+    now = [0.0]
+    warm._clock = lambda: now[0]
+    config = WarmWorkerConfig(max_workers=16, keep_alive_s=60)
+    warm.keep_warm(2, config).join(30)
     now[0] = 60.0  # Ray may have taken them back
-    assert warm.runtime_env_for_job(config) is None
-    now[0] = 0.0
+    assert warm.runtime_env_for_job(config, 1) is None
+    now[0] = 59.0
     connection[0] = "ray-a/02000000"  # the driver joined again: its workers are gone
-    assert warm.runtime_env_for_job(config) is None
+    assert warm.runtime_env_for_job(config, 1) is None
+    connection[0] = "ray-a/01000000"
+    assert warm.runtime_env_for_job(config, 2) == HOOK
+
+
+def test_a_top_up_that_a_job_start_ended_counts_what_it_saw_until_then():
+    node = FakeNode(idle=0, concurrency=1, ticks=10_000)  # none comes up meanwhile
+    connection = ["ray-a/01000000"]
+    warm = _warm(node, [HOOK], connection)
+    config = WarmWorkerConfig(max_workers=16, keep_alive_s=60)
+    started = threading.Event()
+    real_start = node.start
+
+    def start(n: int) -> None:
+        real_start(n)
+        started.set()
+
+    node.start = start
+    thread = warm.keep_warm(6, config)
+    assert started.wait(30)
+    warm.job_starting()  # ends the top-up
+    thread.join(30)
+    node.idle_now = 6  # what the ended top-up never saw does not count
+    assert warm.runtime_env_for_job(config, 1) is None
 
 
 def test_workers_kept_warm_without_the_hook_take_the_environment_back():
@@ -172,9 +287,7 @@ def test_workers_kept_warm_without_the_hook_take_the_environment_back():
     warm = _warm(node, runtime_env, connection)
     config = WarmWorkerConfig(max_workers=16, keep_alive_s=60)
     warm.keep_warm(3, config).join(30)
-    assert warm.runtime_env_for_job(config) == HOOK
     runtime_env[0] = None  # say the driver now has a runtime environment of its own
-    node.idle_now = 0
     warm.keep_warm(3, config).join(30)
     assert node.idle_now == 3  # kept warm, without the hook
-    assert warm.runtime_env_for_job(config) is None
+    assert warm.runtime_env_for_job(config, 3) is None
