@@ -20,11 +20,12 @@ time: which actors a job creates, who owns them and how they are fenced is uncha
 Where the call is not available (another Ray version, a Ray Client connection, a driver
 with a runtime environment, whose actors could not take these workers), nothing happens.
 
-On a Ray that rayflow did not start, the workers kept warm are started with rayflow's
-setup hook in their runtime environment (:mod:`rayflow.runtime.hook_env`), so they import
-rayflow's runtime while idle; only those count as warm, and the next job's job master is
-created with that environment (:meth:`WarmWorkers.runtime_env_for_job`) while they are
-there, so that it and its subtasks take them.
+On a Ray that rayflow did not start, a top-up then starts as many workers again with
+rayflow's setup hook in their runtime environment (:mod:`rayflow.runtime.hook_env`),
+which import rayflow's runtime while idle, and the next job's job master is created with
+that environment (:meth:`WarmWorkers.runtime_env_for_job`) when enough of them are there,
+so that it and its subtasks take them; the workers without it then go after
+:data:`PLAIN_KEEP_ALIVE_S`.
 """
 
 from __future__ import annotations
@@ -46,6 +47,10 @@ log = logging.getLogger("rayflow.warm_workers")
 
 #: Workers asked for in one ``PrestartWorkers`` call at most (Ray caps a call at 10).
 MAX_PER_CALL = 10
+
+#: How long workers without the hook's environment are kept where workers with it are
+#: kept too (Ray's idle-worker reaping takes them back after that).
+PLAIN_KEEP_ALIVE_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -174,9 +179,11 @@ class _RayletCalls:
     def __exit__(self, *exc: Any) -> None:
         self.channel.close()
 
-    def fresh_idle(self) -> int:
+    def fresh_idle(self, hooked: bool = False) -> int:
         """Worker processes on the node that never ran a task or an actor and could run
-        this driver's actors (bound to no job yet, or to this one)."""
+        this driver's actors (bound to no job yet, or to this one): those started with
+        the raylet's runtime environment (``hooked``: with :attr:`_Raylet.runtime_env`;
+        where that is None, every one)."""
         r = self.r
         request = r.pb.GetNodeStatsRequest(include_memory_info=False)
         reply = self.stub.GetNodeStats(request, timeout=5)
@@ -191,18 +198,20 @@ class _RayletCalls:
             and w.num_executed_tasks == 0
             and w.num_running_tasks == 0
             and w.job_id in (b"", r.nil_job, r.job_id)
-            and (r.runtime_env is None or runs_the_hook(w.pid, r.runtime_env))
+            and (r.runtime_env is None or runs_the_hook(w.pid, r.runtime_env) == hooked)
         )
 
-    def prestart(self, n: int, keep_alive_s: float) -> None:
+    def prestart(self, n: int, keep_alive_s: float, hooked: bool = False) -> None:
+        """Start ``n`` workers: with :attr:`_Raylet.runtime_env` where ``hooked``."""
         r = self.r
+        with_env = {"runtime_env_info": r.runtime_env_info} if hooked else {}
         self.stub.PrestartWorkers(
             r.pb.PrestartWorkersRequest(
                 language=r.python,
                 job_id=r.job_id,
                 keep_alive_duration_secs=int(keep_alive_s),
                 num_workers=n,
-                **({"runtime_env_info": r.runtime_env_info} if r.runtime_env_info else {}),
+                **with_env,
             ),
             timeout=5,
         )
@@ -217,6 +226,8 @@ class _HookedWorkers:
     runtime_env: dict[str, Any]
     until: float
     ready: int = 0
+    #: asked for and not seen idle yet (still starting, as far as the top-up knows)
+    starting: int = 0
 
 
 def _runtime_env_info(runtime_env: dict[str, Any] | None) -> Any:
@@ -324,23 +335,40 @@ class WarmWorkers:
             raylet = self._get()
             if raylet is None or stopped():
                 return
-            self._note_runtime_env(getattr(raylet, "runtime_env", None), config.keep_alive_s)
+            runtime_env = getattr(raylet, "runtime_env", None)
+            self._note_runtime_env(runtime_env, config.keep_alive_s)
             per_round = raylet.startup_concurrency
+            rounds = 2 * (target // per_round + 1)
             try:
                 with raylet.calls() as calls:
+                    # first workers any actor can take (they start soonest); where the
+                    # hook's environment is there, they go after a short keep-alive
+                    plain_keep_alive = config.keep_alive_s
+                    if runtime_env is not None:
+                        plain_keep_alive = min(plain_keep_alive, PLAIN_KEEP_ALIVE_S)
+                    top_up(
+                        calls.fresh_idle,
+                        lambda n: calls.prestart(n, plain_keep_alive),
+                        target,
+                        per_round=per_round,
+                        max_rounds=rounds,
+                        stop=stopped,
+                    )
+                    if runtime_env is None or stopped():
+                        return
 
+                    # then workers with the hook's environment, for the jobs after a pause
                     def idle() -> int:
-                        count = calls.fresh_idle()
+                        count = calls.fresh_idle(hooked=True)
                         self._note_ready(count, generation)
                         return count
 
+                    def start(n: int) -> None:
+                        calls.prestart(n, config.keep_alive_s, hooked=True)
+                        self._note_starting(n, generation)
+
                     top_up(
-                        idle,
-                        lambda n: calls.prestart(n, config.keep_alive_s),
-                        target,
-                        per_round=per_round,
-                        max_rounds=2 * (target // per_round + 1),
-                        stop=stopped,
+                        idle, start, target, per_round=per_round, max_rounds=rounds, stop=stopped
                     )
             except Exception as exc:  # noqa: BLE001 - Ray going away, say
                 log.debug("keeping workers warm: %s", exc)
@@ -367,8 +395,15 @@ class WarmWorkers:
         """The running top-up saw ``count`` workers of its environment idle (a top-up that
         a job start or a newer top-up ended no longer counts)."""
         with self._lock:
+            hooked = self._hooked
+            if hooked is not None and generation == self._generation:
+                hooked.starting = max(0, hooked.starting - max(0, count - hooked.ready))
+                hooked.ready = count
+
+    def _note_starting(self, n: int, generation: int) -> None:
+        with self._lock:
             if self._hooked is not None and generation == self._generation:
-                self._hooked.ready = count
+                self._hooked.starting += n
 
     def runtime_env_for_job(
         self, config: WarmWorkerConfig | None, actors: int
@@ -376,12 +411,13 @@ class WarmWorkers:
         """The runtime environment for a job of ``actors`` actors that starts now, for its
         job master (its subtasks inherit it): the one the workers kept warm after a job of
         this connection were started with, when the last top-up saw at least ``actors``
-        of them idle and they may still be there; None otherwise, and the actors take
-        whichever workers Ray has, as without warm workers. (A process started for that
-        environment costs more than one without: Ray starts it through a second
-        interpreter, and it imports rayflow's runtime before it takes work, so a job
-        takes that environment only where its workers are already there.) The workers
-        it counts on are taken off the count."""
+        of them idle or starting, and they may still be there; None otherwise, and the
+        actors take the workers kept warm without it (or whichever Ray has). A process
+        started for that environment costs more than one without (Ray asks its runtime
+        environment agent for it, and it imports rayflow's runtime before it takes work),
+        so each top-up first starts workers without it, which a job that follows at once
+        takes, and only then the ones with it, for the jobs after a pause. The workers it
+        counts on are taken off the count."""
         if config is None or not config.enabled:
             return None
         try:
@@ -394,10 +430,12 @@ class WarmWorkers:
                 hooked is None
                 or hooked.connection != connection
                 or self._clock() >= hooked.until
-                or hooked.ready < actors
+                or hooked.ready + hooked.starting < actors
             ):
                 return None
-            hooked.ready -= actors
+            taken = min(actors, hooked.ready)
+            hooked.ready -= taken
+            hooked.starting = max(0, hooked.starting - (actors - taken))
             return copy.deepcopy(hooked.runtime_env)
 
     def stop(self, timeout_s: float = 1.0) -> None:

@@ -18,7 +18,7 @@ import pytest
 from rayflow.runtime import hook_env, preload
 from rayflow.runtime.hook_env import actor_runtime_env, mark_hooked_raylet, runs_the_hook
 from rayflow.runtime.preload import SETUP_HOOK
-from rayflow.runtime.warm_workers import WarmWorkerConfig, WarmWorkers
+from rayflow.runtime.warm_workers import PLAIN_KEEP_ALIVE_S, WarmWorkerConfig, WarmWorkers
 from tests.unit.test_warm_workers import FakeNode, FakeRaylet
 
 VARIABLE = preload.hook_variable()
@@ -210,28 +210,69 @@ def test_no_hook_off_linux_or_without_ray(connected, monkeypatch):
     assert actor_runtime_env() is None
 
 
-def _warm(node: FakeNode, runtime_env: list, connection: list[str]) -> WarmWorkers:
-    """Warm workers over ``node``; the raylet's runtime environment is ``runtime_env[0]``
-    when it is made, the driver's connection ``connection[0]`` when asked."""
+def _warm(
+    plain: FakeNode, hooked: FakeNode, runtime_env: list, connection: list[str]
+) -> tuple[WarmWorkers, list[FakeRaylet]]:
+    """Warm workers over a node's workers without the hook's environment (``plain``) and
+    with it (``hooked``); the raylet's runtime environment is ``runtime_env[0]`` when it
+    is made, the driver's connection ``connection[0]`` when asked."""
+    made: list[FakeRaylet] = []
 
     def raylet() -> FakeRaylet:
-        r = FakeRaylet(node)
+        r = FakeRaylet(plain, hooked)
         r.runtime_env = runtime_env[0]
+        made.append(r)
         return r
 
-    return WarmWorkers(raylet, node_id=lambda: "n1", connection=lambda: connection[0])
+    warm = WarmWorkers(raylet, node_id=lambda: "n1", connection=lambda: connection[0])
+    return warm, made
+
+
+def _nodes(**kw) -> tuple[FakeNode, FakeNode]:
+    return FakeNode(**kw), FakeNode(**kw)
+
+
+def test_a_top_up_starts_workers_without_the_hook_first_then_as_many_with_it():
+    plain, hooked = _nodes(idle=0, concurrency=2, ticks=1)
+    warm, made = _warm(plain, hooked, [HOOK], ["ray-a/01000000"])
+    config = WarmWorkerConfig(max_workers=16, keep_alive_s=60)
+    warm.keep_warm(3, config).join(30)
+    assert plain.idle_now == 3 and hooked.idle_now == 3
+    keep_alive = made[0].c.keep_alive
+    # the plain ones go soon (the hooked ones serve the jobs after a pause)
+    assert keep_alive[0] == PLAIN_KEEP_ALIVE_S and keep_alive[-1] == 60
+
+
+def test_a_job_right_after_a_job_finds_the_plain_workers_and_no_hook():
+    plain, hooked = _nodes(idle=0, concurrency=2, ticks=1)
+    warm, _ = _warm(plain, hooked, [HOOK], ["ray-a/01000000"])
+    config = WarmWorkerConfig(max_workers=16, keep_alive_s=60)
+    first_hooked = threading.Event()
+    real_start = hooked.start
+
+    def start(n: int) -> None:
+        first_hooked.set()
+        real_start(n)
+
+    hooked.start = start
+    thread = warm.keep_warm(5, config)
+    assert first_hooked.wait(30)
+    warm.job_starting()  # a job starts while the hooked ones are being asked for
+    thread.join(30)
+    assert plain.idle_now == 5
+    assert warm.runtime_env_for_job(config, 5) is None  # 2 hooked asked for at most
 
 
 def test_the_next_job_gets_the_environment_of_the_workers_kept_warm_while_they_are_there():
-    node = FakeNode(idle=0, concurrency=2, ticks=1)
+    plain, hooked = _nodes(idle=0, concurrency=2, ticks=1)
     connection = ["ray-a/01000000"]
-    warm = _warm(node, [HOOK], connection)
+    warm, _ = _warm(plain, hooked, [HOOK], connection)
     now = [0.0]
     warm._clock = lambda: now[0]
     config = WarmWorkerConfig(max_workers=16, keep_alive_s=60)
     assert warm.runtime_env_for_job(config, 3) is None  # nothing kept warm yet
     warm.keep_warm(3, config).join(30)
-    assert node.idle_now == 3
+    assert hooked.idle_now == 3
     assert warm.runtime_env_for_job(None, 3) is None  # a job without warm workers
     assert warm.runtime_env_for_job(WarmWorkerConfig(max_workers=0), 3) is None
     assert warm.runtime_env_for_job(config, 4) is None  # more actors than are there
@@ -243,9 +284,9 @@ def test_the_next_job_gets_the_environment_of_the_workers_kept_warm_while_they_a
 
 
 def test_workers_kept_warm_count_only_while_they_may_be_there_and_for_their_connection():
-    node = FakeNode(idle=0, concurrency=2, ticks=1)
+    plain, hooked = _nodes(idle=0, concurrency=2, ticks=1)
     connection = ["ray-a/01000000"]
-    warm = _warm(node, [HOOK], connection)
+    warm, _ = _warm(plain, hooked, [HOOK], connection)
     now = [0.0]
     warm._clock = lambda: now[0]
     config = WarmWorkerConfig(max_workers=16, keep_alive_s=60)
@@ -259,35 +300,39 @@ def test_workers_kept_warm_count_only_while_they_may_be_there_and_for_their_conn
     assert warm.runtime_env_for_job(config, 2) == HOOK
 
 
-def test_a_top_up_that_a_job_start_ended_counts_what_it_saw_until_then():
-    node = FakeNode(idle=0, concurrency=1, ticks=10_000)  # none comes up meanwhile
-    connection = ["ray-a/01000000"]
-    warm = _warm(node, [HOOK], connection)
+def test_a_top_up_that_a_job_start_ended_counts_what_it_saw_and_asked_for_until_then():
+    plain, _ = _nodes(idle=5, concurrency=1, ticks=1)
+    hooked = FakeNode(idle=0, concurrency=1, ticks=10_000)  # none comes up meanwhile
+    warm, _ = _warm(plain, hooked, [HOOK], ["ray-a/01000000"])
     config = WarmWorkerConfig(max_workers=16, keep_alive_s=60)
     started = threading.Event()
-    real_start = node.start
+    real_start = hooked.start
 
     def start(n: int) -> None:
         real_start(n)
         started.set()
 
-    node.start = start
-    thread = warm.keep_warm(6, config)
+    hooked.start = start
+    thread = warm.keep_warm(5, config)
     assert started.wait(30)
-    warm.job_starting()  # ends the top-up
+    warm.job_starting()  # ends the top-up: one worker asked for (one starts at a time)
     thread.join(30)
-    node.idle_now = 6  # what the ended top-up never saw does not count
-    assert warm.runtime_env_for_job(config, 1) is None
+    hooked.idle_now = 6  # what the ended top-up never saw does not count
+    assert hooked.asked == [1]
+    assert warm.runtime_env_for_job(config, 2) is None
+    assert warm.runtime_env_for_job(config, 1) == HOOK  # the one starting serves it
+    assert warm.runtime_env_for_job(config, 1) is None  # taken
 
 
 def test_workers_kept_warm_without_the_hook_take_the_environment_back():
-    node = FakeNode(idle=0, concurrency=2, ticks=1)
-    connection = ["ray-a/01000000"]
+    plain, hooked = _nodes(idle=0, concurrency=2, ticks=1)
     runtime_env = [HOOK]
-    warm = _warm(node, runtime_env, connection)
+    warm, made = _warm(plain, hooked, runtime_env, ["ray-a/01000000"])
     config = WarmWorkerConfig(max_workers=16, keep_alive_s=60)
     warm.keep_warm(3, config).join(30)
     runtime_env[0] = None  # say the driver now has a runtime environment of its own
+    plain.idle_now = 0
     warm.keep_warm(3, config).join(30)
-    assert node.idle_now == 3  # kept warm, without the hook
+    assert plain.idle_now == 3  # kept warm, without the hook, for the keep-alive
+    assert made[-1].c.keep_alive[-1] == 60
     assert warm.runtime_env_for_job(config, 3) is None

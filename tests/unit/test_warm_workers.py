@@ -119,8 +119,9 @@ def test_top_up_never_asks_more_than_one_call_allows():
 
 
 class FakeCalls:
-    def __init__(self, node: FakeNode) -> None:
+    def __init__(self, node: FakeNode, hooked: FakeNode | None = None) -> None:
         self.node = node
+        self.hooked = hooked or FakeNode(concurrency=node.concurrency, ticks=node.ticks)
         self.keep_alive: list[float] = []
 
     def __enter__(self) -> FakeCalls:
@@ -129,19 +130,23 @@ class FakeCalls:
     def __exit__(self, *exc) -> None:
         pass
 
-    def fresh_idle(self) -> int:
-        self.node.tick()
-        return self.node.idle()
+    def fresh_idle(self, hooked: bool = False) -> int:
+        node = self.hooked if hooked else self.node
+        node.tick()
+        return node.idle()
 
-    def prestart(self, n: int, keep_alive_s: float) -> None:
+    def prestart(self, n: int, keep_alive_s: float, hooked: bool = False) -> None:
         self.keep_alive.append(keep_alive_s)
-        self.node.start(n)
+        (self.hooked if hooked else self.node).start(n)
 
 
 class FakeRaylet:
-    def __init__(self, node: FakeNode) -> None:
+    """A raylet over ``node`` (workers without the hook's environment) and ``hooked``
+    (with it; used where ``runtime_env`` is set)."""
+
+    def __init__(self, node: FakeNode, hooked: FakeNode | None = None) -> None:
         self.startup_concurrency = node.concurrency or 1
-        self.c = FakeCalls(node)
+        self.c = FakeCalls(node, hooked)
         self.c.r = self
 
     def calls(self) -> FakeCalls:
