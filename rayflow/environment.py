@@ -1377,7 +1377,11 @@ class StreamExecutionEnvironment:
         """After each job, keep never-used Ray worker processes idle on this driver's node,
         as many as the job had actors (at most ``max_workers``), for ``keep_alive_s``: the
         next job's actors then start without starting processes. Each idle worker holds
-        about 100 MB. ``max_workers=0`` turns it off. On by default (16, 120 s)."""
+        about 100 MB. On a Ray that this driver started or joined (not one rayflow
+        started), as many again are kept with rayflow's setup hook in their runtime
+        environment (each about 55 MB more: rayflow's runtime imported while idle), and
+        then the plain ones go after 10 s (see :mod:`rayflow.runtime.hook_env`).
+        ``max_workers=0`` turns it off. On by default (16, 120 s)."""
         self._warm_workers = WarmWorkerConfig(max_workers, keep_alive_s)
         return self
 

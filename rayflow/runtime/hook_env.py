@@ -48,12 +48,19 @@ from typing import Any
 
 from rayflow.runtime.preload import hook_variable, shadowed_modules
 
-__all__ = ["actor_runtime_env", "hook_function", "mark_hooked_raylet", "runs_the_hook"]
+__all__ = [
+    "actor_runtime_env",
+    "hook_function",
+    "mark_hooked_raylet",
+    "runs_the_hook",
+    "started_by_a_raylet",
+]
 
 _lock = threading.Lock()
 #: GCS addresses of the local Rays this process started with the hook in the raylet
 _hooked_raylets: set[str] = set()
-#: (GCS address, Ray job id, working directory, script) -> the environment, None for none
+#: (GCS address, Ray job id and node id, working directory, script) -> the environment,
+#: None for none
 _decided: dict[tuple[str, str, str, str], dict[str, Any] | None] = {}
 
 #: How long exporting the hook to Ray may take.
@@ -129,7 +136,10 @@ def actor_runtime_env() -> dict[str, Any] | None:
     if context.runtime_env or variable in os.environ:
         return None
     script = sys.argv[0] if sys.argv else ""
-    key = (gcs, str(context.get_job_id()), os.path.abspath(os.curdir), script)
+    # the node's id too: a cluster restarted at the same address numbers its jobs from
+    # the start again, and the hook exported to the old one is gone with it
+    job = f"{context.get_job_id()}@{context.get_node_id()}"
+    key = (gcs, job, os.path.abspath(os.curdir), script)
     with _lock:
         if key in _decided:
             return _copy(_decided[key])
@@ -152,16 +162,31 @@ def _copy(env: dict[str, Any] | None) -> dict[str, Any] | None:
     return None if env is None else {"env_vars": dict(env["env_vars"])}
 
 
+def _started_with(pid: int) -> list[bytes] | None:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return f.read().split(b"\0")
+    except OSError:
+        return None
+
+
+def started_by_a_raylet(pid: int) -> bool:
+    """Whether this process can read the environment process ``pid`` started with, and
+    it is that of a Ray worker (a raylet started it)."""
+    started_with = _started_with(pid)
+    return started_with is not None and any(
+        entry.startswith(b"RAY_RAYLET_PID=") for entry in started_with
+    )
+
+
 def runs_the_hook(pid: int, runtime_env: dict[str, Any]) -> bool:
     """Whether the process ``pid`` was started with the setup hook of ``runtime_env``
     (from :func:`actor_runtime_env`) in its environment. The hook takes the variable
     out of ``os.environ``, not out of the environment the process started with; the
     variable's value names this driver's job, so no process of another job or another
     process namespace matches. False where that cannot be read."""
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            started_with = f.read().split(b"\0")
-    except OSError:
+    started_with = _started_with(pid)
+    if started_with is None:
         return False
     variable = hook_variable()
     value = runtime_env.get("env_vars", {}).get(variable)

@@ -39,7 +39,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from rayflow.runtime.hook_env import runs_the_hook
+from rayflow.runtime.hook_env import runs_the_hook, started_by_a_raylet
 
 __all__ = ["WarmWorkerConfig", "WarmWorkers", "top_up", "warm_workers"]
 
@@ -51,6 +51,10 @@ MAX_PER_CALL = 10
 #: How long workers without the hook's environment are kept where workers with it are
 #: kept too (Ray's idle-worker reaping takes them back after that).
 PLAIN_KEEP_ALIVE_S = 10.0
+
+#: Workers with the hook's environment are started only once no job has started for this
+#: long after the last one ended.
+HOOKED_AFTER_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -201,6 +205,18 @@ class _RayletCalls:
             and (r.runtime_env is None or runs_the_hook(w.pid, r.runtime_env) == hooked)
         )
 
+    def can_tell_hooked(self) -> bool:
+        """Whether this driver can tell the raylet's workers apart by the environment
+        they started with: it can read that of one of them (not where the raylet runs as
+        another user, or in another process namespace)."""
+        r = self.r
+        request = r.pb.GetNodeStatsRequest(include_memory_info=False)
+        reply = self.stub.GetNodeStats(request, timeout=5)
+        return any(
+            w.pid > 0 and w.worker_type == r.worker and started_by_a_raylet(w.pid)
+            for w in reply.core_workers_stats
+        )
+
     def prestart(self, n: int, keep_alive_s: float, hooked: bool = False) -> None:
         """Start ``n`` workers: with :attr:`_Raylet.runtime_env` where ``hooked``."""
         r = self.r
@@ -225,6 +241,8 @@ class _HookedWorkers:
     connection: str
     runtime_env: dict[str, Any]
     until: float
+    #: until when the plain workers kept warm with them may still be there
+    plain_until: float
     ready: int = 0
     #: asked for and not seen idle yet (still starting, as far as the top-up knows)
     starting: int = 0
@@ -242,13 +260,14 @@ def _runtime_env_info(runtime_env: dict[str, Any] | None) -> Any:
 
 
 def _current_connection() -> str:
-    """This driver's connection: its cluster and its Ray job."""
+    """This driver's connection: its cluster, its Ray job and its node (a cluster
+    restarted at the same address numbers its jobs from the start again)."""
     import ray
 
     if not ray.is_initialized():
         raise RuntimeError("Ray is not initialized")
     context = ray.get_runtime_context()
-    return f"{context.gcs_address}/{context.get_job_id()}"
+    return f"{context.gcs_address}/{context.get_job_id()}/{context.get_node_id()}"
 
 
 def _current_node_id() -> str:
@@ -281,6 +300,7 @@ class WarmWorkers:
         self._exit_hook = False
         self._recent: list[tuple[float, int]] = []  # (when, actors) of jobs that ended
         self._clock = time.monotonic
+        self._hooked_after_s = HOOKED_AFTER_S
 
     def _get(self) -> Any:
         try:
@@ -318,7 +338,10 @@ class WarmWorkers:
             now = self._clock()
             self._recent = [(t, n) for t, n in self._recent if now - t < config.keep_alive_s]
             self._recent.append((now, actors))
-            target = config.target(max(n for _, n in self._recent))
+            ended = now
+            largest = max(n for _, n in self._recent)
+            target = config.target(largest)
+            covers = target >= largest
             self._generation += 1
             generation = self._generation
             if not self._exit_hook:
@@ -336,15 +359,19 @@ class WarmWorkers:
             if raylet is None or stopped():
                 return
             runtime_env = getattr(raylet, "runtime_env", None)
-            self._note_runtime_env(runtime_env, config.keep_alive_s)
+            self._note_runtime_env(None, 0.0)  # until this top-up knows better
             per_round = raylet.startup_concurrency
             rounds = 2 * (target // per_round + 1)
             try:
                 with raylet.calls() as calls:
-                    # first workers any actor can take (they start soonest); where the
-                    # hook's environment is there, they go after a short keep-alive
+                    if runtime_env is not None and not calls.can_tell_hooked():
+                        runtime_env = None  # its workers could not be counted
+                    self._note_runtime_env(runtime_env, config.keep_alive_s)
+                    # first workers any actor can take (they start soonest); where workers
+                    # with the hook's environment can serve the largest recent job, the
+                    # plain ones go after a short keep-alive
                     plain_keep_alive = config.keep_alive_s
-                    if runtime_env is not None:
+                    if runtime_env is not None and covers:
                         plain_keep_alive = min(plain_keep_alive, PLAIN_KEEP_ALIVE_S)
                     top_up(
                         calls.fresh_idle,
@@ -354,10 +381,16 @@ class WarmWorkers:
                         max_rounds=rounds,
                         stop=stopped,
                     )
-                    if runtime_env is None or stopped():
+                    if runtime_env is None:
+                        return
+                    # then, once no job has followed for a while, workers with the hook's
+                    # environment, for the jobs after a pause (jobs back to back would
+                    # only have them compete for CPU)
+                    while not stopped() and self._clock() < ended + self._hooked_after_s:
+                        time.sleep(0.05)
+                    if stopped():
                         return
 
-                    # then workers with the hook's environment, for the jobs after a pause
                     def idle() -> int:
                         count = calls.fresh_idle(hooked=True)
                         self._note_ready(count, generation)
@@ -388,8 +421,9 @@ class WarmWorkers:
             if runtime_env is None:
                 self._hooked = None
             else:
-                until = self._clock() + keep_alive_s
-                self._hooked = _HookedWorkers(connection, runtime_env, until)
+                now = self._clock()
+                until, plain_until = now + keep_alive_s, now + PLAIN_KEEP_ALIVE_S
+                self._hooked = _HookedWorkers(connection, runtime_env, until, plain_until)
 
     def _note_ready(self, count: int, generation: int) -> None:
         """The running top-up saw ``count`` workers of its environment idle (a top-up that
@@ -410,14 +444,17 @@ class WarmWorkers:
     ) -> dict[str, Any] | None:
         """The runtime environment for a job of ``actors`` actors that starts now, for its
         job master (its subtasks inherit it): the one the workers kept warm after a job of
-        this connection were started with, when the last top-up saw at least ``actors``
-        of them idle or starting, and they may still be there; None otherwise, and the
-        actors take the workers kept warm without it (or whichever Ray has). A process
-        started for that environment costs more than one without (Ray asks its runtime
-        environment agent for it, and it imports rayflow's runtime before it takes work),
-        so each top-up first starts workers without it, which a job that follows at once
-        takes, and only then the ones with it, for the jobs after a pause. The workers it
-        counts on are taken off the count."""
+        this connection were started with, while they may still be there and serve the
+        job better than the workers kept without it; None otherwise, and the actors take
+        the workers kept warm without it (or whichever Ray has). A process started for
+        that environment costs more than one without (Ray asks its runtime environment
+        agent for it, and it imports rayflow's runtime before it takes work), so each
+        top-up first starts workers without it, which a job that follows at once takes,
+        and only then the ones with it, for the jobs after a pause: while the plain ones
+        may still be there, the job takes the environment only where as many of its
+        workers as it has actors are idle; after that, where at least half of them are
+        idle or starting. The workers it counts on are taken off the count.
+        """
         if config is None or not config.enabled:
             return None
         try:
@@ -426,12 +463,16 @@ class WarmWorkers:
             return None
         with self._lock:
             hooked = self._hooked
-            if (
-                hooked is None
-                or hooked.connection != connection
-                or self._clock() >= hooked.until
-                or hooked.ready + hooked.starting < actors
-            ):
+            if hooked is None or hooked.connection != connection:
+                return None
+            now = self._clock()
+            if now >= hooked.until:
+                return None
+            if now < hooked.plain_until:
+                enough = hooked.ready >= actors  # else the plain ones serve it better
+            else:
+                enough = hooked.ready + hooked.starting >= (actors + 1) // 2
+            if not enough:
                 return None
             taken = min(actors, hooked.ready)
             hooked.ready -= taken

@@ -16,7 +16,12 @@ from types import SimpleNamespace
 import pytest
 
 from rayflow.runtime import hook_env, preload
-from rayflow.runtime.hook_env import actor_runtime_env, mark_hooked_raylet, runs_the_hook
+from rayflow.runtime.hook_env import (
+    actor_runtime_env,
+    mark_hooked_raylet,
+    runs_the_hook,
+    started_by_a_raylet,
+)
 from rayflow.runtime.preload import SETUP_HOOK
 from rayflow.runtime.warm_workers import PLAIN_KEEP_ALIVE_S, WarmWorkerConfig, WarmWorkers
 from tests.unit.test_warm_workers import FakeNode, FakeRaylet
@@ -133,9 +138,13 @@ class _Context:
         self.gcs_address = gcs
         self._job = job
         self.runtime_env = runtime_env or {}
+        self._node = "node-1"
 
     def get_job_id(self) -> str:
         return self._job
+
+    def get_node_id(self) -> str:
+        return self._node
 
 
 @pytest.fixture
@@ -170,6 +179,11 @@ def test_a_ray_the_user_started_gives_the_actors_the_hook_exported_once(connecte
     assert len(connected.exports) == 1
     connected.context._job = "02000000"  # the driver joined again: a new job
     assert actor_runtime_env() == {"env_vars": {VARIABLE: "ray_runtime_env_func::02000000"}}
+    assert len(connected.exports) == 2
+    # the cluster was restarted at the same address: job 02000000 again, a new node
+    connected.context._node = "node-2"
+    actor_runtime_env()
+    assert len(connected.exports) == 3  # exported again: the old cluster's copy is gone
 
 
 def test_no_hook_where_the_raylet_runs_it_already(connected):
@@ -225,6 +239,7 @@ def _warm(
         return r
 
     warm = WarmWorkers(raylet, node_id=lambda: "n1", connection=lambda: connection[0])
+    warm._hooked_after_s = 0.0  # tests that need the pause set it
     return warm, made
 
 
@@ -304,6 +319,8 @@ def test_a_top_up_that_a_job_start_ended_counts_what_it_saw_and_asked_for_until_
     plain, _ = _nodes(idle=5, concurrency=1, ticks=1)
     hooked = FakeNode(idle=0, concurrency=1, ticks=10_000)  # none comes up meanwhile
     warm, _ = _warm(plain, hooked, [HOOK], ["ray-a/01000000"])
+    now = [0.0]
+    warm._clock = lambda: now[0]
     config = WarmWorkerConfig(max_workers=16, keep_alive_s=60)
     started = threading.Event()
     real_start = hooked.start
@@ -319,8 +336,9 @@ def test_a_top_up_that_a_job_start_ended_counts_what_it_saw_and_asked_for_until_
     thread.join(30)
     hooked.idle_now = 6  # what the ended top-up never saw does not count
     assert hooked.asked == [1]
-    assert warm.runtime_env_for_job(config, 2) is None
-    assert warm.runtime_env_for_job(config, 1) == HOOK  # the one starting serves it
+    now[0] = PLAIN_KEEP_ALIVE_S  # the plain ones may be gone
+    assert warm.runtime_env_for_job(config, 3) is None
+    assert warm.runtime_env_for_job(config, 2) == HOOK  # the one starting serves half
     assert warm.runtime_env_for_job(config, 1) is None  # taken
 
 
@@ -336,3 +354,102 @@ def test_workers_kept_warm_without_the_hook_take_the_environment_back():
     assert plain.idle_now == 3  # kept warm, without the hook, for the keep-alive
     assert made[-1].c.keep_alive[-1] == 60
     assert warm.runtime_env_for_job(config, 3) is None
+
+
+def test_after_the_plain_workers_may_be_gone_half_of_a_job_on_hooked_ones_is_enough():
+    plain, hooked = _nodes(idle=0, concurrency=2, ticks=1)
+    warm, _ = _warm(plain, hooked, [HOOK], ["ray-a/01000000"])
+    now = [0.0]
+    warm._clock = lambda: now[0]
+    config = WarmWorkerConfig(max_workers=3, keep_alive_s=60)
+    warm.keep_warm(5, config).join(30)  # capped: three of each
+    assert hooked.idle_now == 3
+    assert warm.runtime_env_for_job(config, 5) is None  # the plain ones serve it better
+    now[0] = PLAIN_KEEP_ALIVE_S
+    assert warm.runtime_env_for_job(config, 5) == HOOK  # three of five on hooked ones
+
+
+def test_a_hooked_worker_still_starting_is_not_taken_over_an_idle_plain_one():
+    plain, _ = _nodes(idle=5, concurrency=1, ticks=1)
+    hooked = FakeNode(idle=0, concurrency=5, ticks=10_000)  # none comes up meanwhile
+    warm, _ = _warm(plain, hooked, [HOOK], ["ray-a/01000000"])
+    now = [0.0]
+    warm._clock = lambda: now[0]
+    config = WarmWorkerConfig(max_workers=16, keep_alive_s=60)
+    started = threading.Event()
+    real_start = hooked.start
+
+    def start(n: int) -> None:
+        real_start(n)
+        started.set()
+
+    hooked.start = start
+    thread = warm.keep_warm(5, config)
+    assert started.wait(30)
+    warm.job_starting()
+    thread.join(30)
+    assert warm.runtime_env_for_job(config, 1) is None  # five plain ones idle
+    now[0] = PLAIN_KEEP_ALIVE_S  # the plain ones may be gone: the starting ones serve
+    assert warm.runtime_env_for_job(config, 2) == HOOK
+
+
+def test_the_plain_workers_stay_for_the_keep_alive_where_hooked_ones_cannot_serve_the_job():
+    plain, hooked = _nodes(idle=0, concurrency=2, ticks=1)
+    warm, made = _warm(plain, hooked, [HOOK], ["ray-a/01000000"])
+    config = WarmWorkerConfig(max_workers=4, keep_alive_s=120)
+    warm.keep_warm(9, config).join(60)  # more actors than max_workers
+    assert made[0].c.keep_alive[0] == 120
+
+
+def test_no_hooked_workers_where_the_workers_environments_cannot_be_read():
+    plain, hooked = _nodes(idle=0, concurrency=2, ticks=1)
+    runtime_env = [HOOK]
+    warm = WarmWorkers(
+        lambda: _untellable(FakeRaylet(plain, hooked)),
+        node_id=lambda: "n1",
+        connection=lambda: "ray-a/01000000",
+    )
+    config = WarmWorkerConfig(max_workers=16, keep_alive_s=60)
+    warm.keep_warm(3, config).join(30)
+    assert plain.idle_now == 3 and plain.asked
+    assert hooked.asked == []  # none started: they could not be counted
+    assert warm.runtime_env_for_job(config, 1) is None
+    assert runtime_env == [HOOK]
+
+
+def _untellable(raylet: FakeRaylet) -> FakeRaylet:
+    raylet.runtime_env = HOOK
+    raylet.c.tellable = False
+    return raylet
+
+
+@linux_only
+def test_a_process_a_raylet_started_is_told_by_its_environment():
+    base = {k: v for k, v in os.environ.items() if k != "RAY_RAYLET_PID"}
+    worker = _sleeper({**base, "RAY_RAYLET_PID": "1"})
+    other = _sleeper(base)
+    try:
+        time.sleep(0.3)
+        assert started_by_a_raylet(worker.pid)
+        assert not started_by_a_raylet(other.pid)
+    finally:
+        for p in (worker, other):
+            p.kill()
+            p.wait()
+    assert not started_by_a_raylet(worker.pid)
+
+
+def test_hooked_workers_start_only_once_no_job_followed_for_a_while():
+    plain, hooked = _nodes(idle=0, concurrency=2, ticks=1)
+    warm, _ = _warm(plain, hooked, [HOOK], ["ray-a/01000000"])
+    warm._hooked_after_s = 60.0
+    config = WarmWorkerConfig(max_workers=16, keep_alive_s=60)
+    thread = warm.keep_warm(3, config)
+    deadline = time.monotonic() + 30
+    while plain.idle_now < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.3)
+    warm.job_starting()  # the next job came before the pause was over
+    thread.join(30)
+    assert not thread.is_alive()
+    assert plain.idle_now == 3 and hooked.asked == []

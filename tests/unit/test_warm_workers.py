@@ -123,6 +123,7 @@ class FakeCalls:
         self.node = node
         self.hooked = hooked or FakeNode(concurrency=node.concurrency, ticks=node.ticks)
         self.keep_alive: list[float] = []
+        self.tellable = True  # the workers' environments can be read
 
     def __enter__(self) -> FakeCalls:
         return self
@@ -134,6 +135,9 @@ class FakeCalls:
         node = self.hooked if hooked else self.node
         node.tick()
         return node.idle()
+
+    def can_tell_hooked(self) -> bool:
+        return self.tellable
 
     def prestart(self, n: int, keep_alive_s: float, hooked: bool = False) -> None:
         self.keep_alive.append(keep_alive_s)
