@@ -159,8 +159,10 @@ class _Raylet:
         self.job_id = bytes.fromhex(ctx.get_job_id())
         self.nil_job = b"\xff" * len(self.job_id)
         self.nil_actor = b"\xff" * len(ray.ActorID.nil().binary())
-        #: the runtime environment the workers are started with (None: the driver's)
+        #: the runtime environment the workers are started with (None: the driver's), and
+        #: the driver connection it was made for
         self.runtime_env = actor_runtime_env()
+        self.connection = _current_connection()
         self.runtime_env_info = _runtime_env_info(self.runtime_env)
 
     def calls(self) -> _RayletCalls:
@@ -301,6 +303,7 @@ class WarmWorkers:
         self._recent: list[tuple[float, int]] = []  # (when, actors) of jobs that ended
         self._clock = time.monotonic
         self._hooked_after_s = HOOKED_AFTER_S
+        self._round_s = 10.0  # how long a top-up round waits for its workers at most
 
     def _get(self) -> Any:
         try:
@@ -359,14 +362,16 @@ class WarmWorkers:
             if raylet is None or stopped():
                 return
             runtime_env = getattr(raylet, "runtime_env", None)
-            self._note_runtime_env(None, 0.0)  # until this top-up knows better
+            # the connection the raylet handle (and the hook it exported) belongs to
+            connection = getattr(raylet, "connection", None)
+            self._note_runtime_env(None, 0.0, generation)  # until this top-up knows better
             per_round = raylet.startup_concurrency
             rounds = 2 * (target // per_round + 1)
             try:
                 with raylet.calls() as calls:
                     if runtime_env is not None and not calls.can_tell_hooked():
                         runtime_env = None  # its workers could not be counted
-                    self._note_runtime_env(runtime_env, config.keep_alive_s)
+                    self._note_runtime_env(runtime_env, config.keep_alive_s, generation, connection)
                     # first workers any actor can take (they start soonest); where workers
                     # with the hook's environment can serve the largest recent job, the
                     # plain ones go after a short keep-alive
@@ -379,6 +384,7 @@ class WarmWorkers:
                         target,
                         per_round=per_round,
                         max_rounds=rounds,
+                        round_s=self._round_s,
                         stop=stopped,
                     )
                     if runtime_env is None:
@@ -401,8 +407,16 @@ class WarmWorkers:
                         self._note_starting(n, generation)
 
                     top_up(
-                        idle, start, target, per_round=per_round, max_rounds=rounds, stop=stopped
+                        idle,
+                        start,
+                        target,
+                        per_round=per_round,
+                        max_rounds=rounds,
+                        round_s=self._round_s,
+                        stop=stopped,
                     )
+                    # not ended by a job: what has not shown up by now is not coming
+                    self._note_starting(None, generation)
             except Exception as exc:  # noqa: BLE001 - Ray going away, say
                 log.debug("keeping workers warm: %s", exc)
 
@@ -412,12 +426,24 @@ class WarmWorkers:
         thread.start()
         return thread
 
-    def _note_runtime_env(self, runtime_env: dict[str, Any] | None, keep_alive_s: float) -> None:
-        try:
-            connection = self._connection()
-        except Exception:  # noqa: BLE001 - not connected
-            return
+    def _note_runtime_env(
+        self,
+        runtime_env: dict[str, Any] | None,
+        keep_alive_s: float,
+        generation: int,
+        connection: str | None = None,
+    ) -> None:
+        """Record the environment of the workers the running top-up keeps (a top-up that
+        a job start or a newer top-up ended records nothing), for ``connection``, the
+        driver connection they were started for (the current one where not given)."""
+        if connection is None:
+            try:
+                connection = self._connection()
+            except Exception:  # noqa: BLE001 - not connected
+                return
         with self._lock:
+            if generation != self._generation:
+                return
             if runtime_env is None:
                 self._hooked = None
             else:
@@ -434,10 +460,12 @@ class WarmWorkers:
                 hooked.starting = max(0, hooked.starting - max(0, count - hooked.ready))
                 hooked.ready = count
 
-    def _note_starting(self, n: int, generation: int) -> None:
+    def _note_starting(self, n: int | None, generation: int) -> None:
+        """The running top-up asked for ``n`` more workers (None: it ended, and counts on
+        none still starting)."""
         with self._lock:
             if self._hooked is not None and generation == self._generation:
-                self._hooked.starting += n
+                self._hooked.starting = 0 if n is None else self._hooked.starting + n
 
     def runtime_env_for_job(
         self, config: WarmWorkerConfig | None, actors: int

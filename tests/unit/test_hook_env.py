@@ -235,6 +235,7 @@ def _warm(
     def raylet() -> FakeRaylet:
         r = FakeRaylet(plain, hooked)
         r.runtime_env = runtime_env[0]
+        r.connection = connection[0]  # the connection it was made for
         made.append(r)
         return r
 
@@ -453,3 +454,75 @@ def test_hooked_workers_start_only_once_no_job_followed_for_a_while():
     thread.join(30)
     assert not thread.is_alive()
     assert plain.idle_now == 3 and hooked.asked == []
+
+
+def _slow_to_tell(raylet: FakeRaylet, before) -> FakeRaylet:
+    """``raylet`` whose check that it can tell its workers apart first runs ``before``
+    (the driver reconnects meanwhile, say, or a job starts)."""
+    real = raylet.c.can_tell_hooked
+
+    def can_tell() -> bool:
+        before()
+        return real()
+
+    raylet.c.can_tell_hooked = can_tell
+    return raylet
+
+
+def test_a_top_up_records_its_workers_for_the_connection_it_started_them_for():
+    plain, hooked = _nodes(idle=0, concurrency=2, ticks=1)
+    connection = ["ray-a/01000000/n1"]
+    warm, made = _warm(plain, hooked, [HOOK], connection)
+    factory = warm._factory
+
+    def reconnect() -> None:
+        connection[0] = "ray-a/02000000/n1"  # the driver joined again meanwhile
+
+    warm._factory = lambda: _slow_to_tell(factory(), reconnect)
+    config = WarmWorkerConfig(max_workers=16, keep_alive_s=60)
+    warm.keep_warm(3, config).join(30)
+    # the hook of the Ray job it was exported for is no use to the new one
+    assert warm.runtime_env_for_job(config, 3) is None
+
+
+def test_a_top_up_a_newer_one_replaced_records_nothing():
+    plain, hooked = _nodes(idle=0, concurrency=2, ticks=1)
+    warm, _ = _warm(plain, hooked, [HOOK], ["ray-a/01000000/n1"])
+    factory = warm._factory
+    entered, go = threading.Event(), threading.Event()
+    first = [True]
+
+    def slow() -> None:
+        entered.set()
+        assert go.wait(30)
+
+    def make() -> FakeRaylet:
+        raylet = factory()
+        if first[0]:
+            first[0] = False
+            return _slow_to_tell(raylet, slow)
+        return raylet
+
+    warm._factory = make
+    config = WarmWorkerConfig(max_workers=16, keep_alive_s=60)
+    old = warm.keep_warm(3, config)
+    assert entered.wait(30)
+    warm.job_starting()  # a job starts and ends: a newer top-up
+    warm.keep_warm(3, config).join(30)
+    go.set()
+    old.join(30)
+    assert warm.runtime_env_for_job(config, 3) == HOOK  # the newer one's count stands
+
+
+def test_workers_a_finished_top_up_gave_up_on_do_not_count_as_starting():
+    plain, _ = _nodes(idle=0, concurrency=2, ticks=1)
+    hooked = FakeNode(idle=0, concurrency=0)  # none of them ever starts
+    warm, _ = _warm(plain, hooked, [HOOK], ["ray-a/01000000/n1"])
+    warm._round_s = 0.5
+    now = [0.0]
+    warm._clock = lambda: now[0]
+    config = WarmWorkerConfig(max_workers=16, keep_alive_s=60)
+    warm.keep_warm(4, config).join(30)
+    assert hooked.asked  # asked for, never came
+    now[0] = PLAIN_KEEP_ALIVE_S
+    assert warm.runtime_env_for_job(config, 2) is None
