@@ -279,13 +279,19 @@ def test_a_job_right_after_a_job_finds_the_plain_workers_and_no_hook():
     assert warm.runtime_env_for_job(config, 5) is None  # 2 hooked asked for at most
 
 
-def test_the_next_job_gets_the_environment_of_the_workers_kept_warm_while_they_are_there():
+def _clocked():
+    """Warm workers over empty pools, on a clock the test sets."""
     plain, hooked = _nodes(idle=0, concurrency=2, ticks=1)
     connection = ["ray-a/01000000"]
     warm, _ = _warm(plain, hooked, [HOOK], connection)
     now = [0.0]
     warm._clock = lambda: now[0]
     config = WarmWorkerConfig(max_workers=16, keep_alive_s=60)
+    return plain, hooked, connection, warm, now, config
+
+
+def test_the_next_job_gets_the_environment_of_the_workers_kept_warm_while_they_are_there():
+    plain, hooked, connection, warm, now, config = _clocked()
     assert warm.runtime_env_for_job(config, 3) is None  # nothing kept warm yet
     warm.keep_warm(3, config).join(30)
     assert hooked.idle_now == 3
@@ -300,12 +306,7 @@ def test_the_next_job_gets_the_environment_of_the_workers_kept_warm_while_they_a
 
 
 def test_workers_kept_warm_count_only_while_they_may_be_there_and_for_their_connection():
-    plain, hooked = _nodes(idle=0, concurrency=2, ticks=1)
-    connection = ["ray-a/01000000"]
-    warm, _ = _warm(plain, hooked, [HOOK], connection)
-    now = [0.0]
-    warm._clock = lambda: now[0]
-    config = WarmWorkerConfig(max_workers=16, keep_alive_s=60)
+    plain, hooked, connection, warm, now, config = _clocked()
     warm.keep_warm(2, config).join(30)
     now[0] = 60.0  # Ray may have taken them back
     assert warm.runtime_env_for_job(config, 1) is None
@@ -316,9 +317,11 @@ def test_workers_kept_warm_count_only_while_they_may_be_there_and_for_their_conn
     assert warm.runtime_env_for_job(config, 2) == HOOK
 
 
-def test_a_top_up_that_a_job_start_ended_counts_what_it_saw_and_asked_for_until_then():
+def _ended_while_asking_for_hooked(hooked_concurrency: int):
+    """Warm workers whose top-up, over five plain workers idle, a job start ended right
+    after it asked for hooked ones (none of which comes up meanwhile)."""
     plain, _ = _nodes(idle=5, concurrency=1, ticks=1)
-    hooked = FakeNode(idle=0, concurrency=1, ticks=10_000)  # none comes up meanwhile
+    hooked = FakeNode(idle=0, concurrency=hooked_concurrency, ticks=10_000)
     warm, _ = _warm(plain, hooked, [HOOK], ["ray-a/01000000"])
     now = [0.0]
     warm._clock = lambda: now[0]
@@ -333,8 +336,13 @@ def test_a_top_up_that_a_job_start_ended_counts_what_it_saw_and_asked_for_until_
     hooked.start = start
     thread = warm.keep_warm(5, config)
     assert started.wait(30)
-    warm.job_starting()  # ends the top-up: one worker asked for (one starts at a time)
+    warm.job_starting()
     thread.join(30)
+    return warm, hooked, now, config
+
+
+def test_a_top_up_that_a_job_start_ended_counts_what_it_saw_and_asked_for_until_then():
+    warm, hooked, now, config = _ended_while_asking_for_hooked(1)  # one starts at a time
     hooked.idle_now = 6  # what the ended top-up never saw does not count
     assert hooked.asked == [1]
     now[0] = PLAIN_KEEP_ALIVE_S  # the plain ones may be gone
@@ -371,24 +379,7 @@ def test_after_the_plain_workers_may_be_gone_half_of_a_job_on_hooked_ones_is_eno
 
 
 def test_a_hooked_worker_still_starting_is_not_taken_over_an_idle_plain_one():
-    plain, _ = _nodes(idle=5, concurrency=1, ticks=1)
-    hooked = FakeNode(idle=0, concurrency=5, ticks=10_000)  # none comes up meanwhile
-    warm, _ = _warm(plain, hooked, [HOOK], ["ray-a/01000000"])
-    now = [0.0]
-    warm._clock = lambda: now[0]
-    config = WarmWorkerConfig(max_workers=16, keep_alive_s=60)
-    started = threading.Event()
-    real_start = hooked.start
-
-    def start(n: int) -> None:
-        real_start(n)
-        started.set()
-
-    hooked.start = start
-    thread = warm.keep_warm(5, config)
-    assert started.wait(30)
-    warm.job_starting()
-    thread.join(30)
+    warm, _, now, config = _ended_while_asking_for_hooked(5)
     assert warm.runtime_env_for_job(config, 1) is None  # five plain ones idle
     now[0] = PLAIN_KEEP_ALIVE_S  # the plain ones may be gone: the starting ones serve
     assert warm.runtime_env_for_job(config, 2) == HOOK
