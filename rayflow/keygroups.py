@@ -34,11 +34,20 @@ def _splitmix64(value: int) -> int:
 
 
 def _splitmix64_array(values: np.ndarray) -> np.ndarray:
+    """splitmix64 of every element, in two arrays of the column's length (in place)."""
+    z = values.astype(np.uint64, copy=True)
+    shifted = np.empty_like(z)
     with np.errstate(over="ignore"):
-        z = values.astype(np.uint64, copy=True) + np.uint64(0x9E3779B97F4A7C15)
-        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        return z ^ (z >> np.uint64(31))
+        z += np.uint64(0x9E3779B97F4A7C15)
+        np.right_shift(z, np.uint64(30), out=shifted)
+        z ^= shifted
+        z *= np.uint64(0xBF58476D1CE4E5B9)
+        np.right_shift(z, np.uint64(27), out=shifted)
+        z ^= shifted
+        z *= np.uint64(0x94D049BB133111EB)
+        np.right_shift(z, np.uint64(31), out=shifted)
+        z ^= shifted
+    return z
 
 
 def _canonical_bytes(key: Any) -> bytes:
@@ -79,7 +88,11 @@ def key_groups_of_array(keys: pa.Array | pa.ChunkedArray, max_parallelism: int) 
         keys = keys.combine_chunks()
     if pa.types.is_integer(keys.type) and keys.null_count == 0:
         hashed = _splitmix64_array(keys.to_numpy(zero_copy_only=False).astype(np.int64))
-        return (hashed % np.uint64(max_parallelism)).astype(np.int64)
+        if max_parallelism & (max_parallelism - 1) == 0:  # a power of two: the low bits
+            hashed &= np.uint64(max_parallelism - 1)
+        else:
+            hashed %= np.uint64(max_parallelism)
+        return hashed.astype(np.int64)
     encoded = pc.dictionary_encode(keys)
     uniques = encoded.dictionary.to_pylist()
     groups = np.fromiter(

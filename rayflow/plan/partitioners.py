@@ -94,6 +94,13 @@ class PartitionerSpec:
         return self.kind.name
 
 
+#: Up to this many targets a hash partitioner finds each target's rows with a pass over
+#: the batch's targets; above it, with one stable sort.
+_MASKED_TARGETS = 4
+#: Targets held as uint16, which numpy's stable sort sorts by radix (O(n)), up to this many.
+_SORTED_BY_RADIX = 1 << 16
+
+
 class Partitioner:
     """Routes batches from one sending subtask to ``num_targets`` receivers."""
 
@@ -105,6 +112,10 @@ class Partitioner:
         self.num_targets = num_targets
         self.max_parallelism = max_parallelism
         self._next = sender_index % max(num_targets, 1)
+        #: the target of each key group (Flink's ranges), looked up for a whole column
+        self._target_of_group = (
+            np.arange(max_parallelism, dtype=np.int64) * num_targets // max_parallelism
+        ).astype(np.uint16 if num_targets <= _SORTED_BY_RADIX else np.intp)
 
     def route(self, batch: pa.RecordBatch) -> list[tuple[int, pa.RecordBatch]]:
         """Split ``batch`` into ``(target index, batch)`` pairs; targets index the channels."""
@@ -119,16 +130,17 @@ class Partitioner:
             return [(target, batch)]
         if self.num_targets == 1:
             return [(0, batch)]
-        groups = self.key.key_groups(batch, self.max_parallelism)
-        targets = groups * self.num_targets // self.max_parallelism
-        order = np.argsort(targets, kind="stable")
-        sorted_targets = targets[order]
-        bounds = np.searchsorted(sorted_targets, np.arange(self.num_targets + 1))
+        targets = self._target_of_group[self.key.key_groups(batch, self.max_parallelism)]
+        counts = np.bincount(targets, minlength=self.num_targets)
+        # One take per target, not one take and slices: a slice serializes (pickle, Ray,
+        # checkpoints) with its parent's whole buffers. Each take keeps the rows' order.
         routed = []
-        for t in range(self.num_targets):
-            lo, hi = bounds[t], bounds[t + 1]
-            if hi > lo:
-                # One take per target, not one take and slices: a slice serializes (pickle,
-                # Ray, checkpoints) with its parent's whole buffers.
-                routed.append((t, batch.take(pa.array(order[lo:hi]))))
+        if self.num_targets <= _MASKED_TARGETS:  # a pass over the column per target
+            for t in np.flatnonzero(counts).tolist():
+                routed.append((t, batch.take(pa.array(np.flatnonzero(targets == t)))))
+            return routed
+        order = np.argsort(targets, kind="stable")
+        bounds = np.concatenate(([0], np.cumsum(counts)))
+        for t in np.flatnonzero(counts).tolist():
+            routed.append((t, batch.take(pa.array(order[bounds[t] : bounds[t + 1]]))))
         return routed

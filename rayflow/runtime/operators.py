@@ -771,12 +771,16 @@ class KeyedAggregateOperator(_KeyedOperator):
         else:
             groups = [key_group_of(k, maxp) for k in keys]
         totals = []
+        append = totals.append
+        tables: dict[int, dict[Any, Any]] = {}  # this batch's key groups' tables
         for key, group, partial in zip(keys, groups, partials):
-            table = backend.table_for_group(group, name)
+            table = tables.get(group)
+            if table is None:
+                table = tables[group] = backend.table_for_group(group, name)
             previous = table.get(key)
             total = partial if previous is None else combine(previous, partial)
             table[key] = total
-            totals.append(total)
+            append(total)
         key_name = key_column or "key"
         columns: dict[str, Any] = {key_name: keys}
         columns[self.output_field] = self._totals_array(totals)

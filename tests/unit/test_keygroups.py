@@ -34,6 +34,13 @@ def test_vectorized_key_groups_match_per_key(values):
     assert list(groups) == [key_group_of(v, 128) for v in values]
 
 
+@pytest.mark.parametrize("max_parallelism", [1, 7, 100, 128, 32768])
+def test_vectorized_key_groups_match_per_key_at_any_max_parallelism(max_parallelism):
+    values = list(range(-3000, 3000, 7)) + [2**63 - 1, -(2**63)]
+    groups = key_groups_of_array(pa.array(values, pa.int64()), max_parallelism)
+    assert list(groups) == [key_group_of(v, max_parallelism) for v in values]
+
+
 def test_key_group_ranges_cover_every_group_once():
     for parallelism in (1, 2, 3, 5, 128):
         seen = []

@@ -7,6 +7,7 @@ import pyarrow as pa
 import pytest
 
 from rayflow import NumberSequenceSource, StreamExecutionEnvironment
+from rayflow.keygroups import key_group_of, subtask_of_key_group
 from rayflow.plan.partitioners import KeySelector, Partitioner, PartitionerSpec, PartitionKind
 from rayflow.plan.physical import PlanError
 from sinks.basic import CollectSink
@@ -78,6 +79,23 @@ def test_hash_partitioner_routes_each_key_to_its_key_group_owner():
         for key in part.column("k").to_pylist():
             assert owner.setdefault(key, target) == target
     assert len({t for t, _ in routed}) == 3
+
+
+@pytest.mark.parametrize("targets", [2, 3, 4, 5, 16, 128])
+@pytest.mark.parametrize("max_parallelism", [128, 100])
+def test_hash_partitioner_keeps_each_targets_rows_in_order(targets, max_parallelism):
+    keys = [(i * 7919) % 1013 - 300 for i in range(3000)]
+    batch = pa.RecordBatch.from_pydict({"k": keys, "i": list(range(3000))})
+    p = Partitioner(
+        PartitionerSpec(PartitionKind.HASH, KeySelector("k")), 0, targets, max_parallelism
+    )
+    expected: dict[int, list[int]] = {}
+    for i, k in enumerate(keys):
+        target = subtask_of_key_group(key_group_of(k, max_parallelism), targets, max_parallelism)
+        expected.setdefault(target, []).append(i)
+    routed = p.route(batch)
+    assert [t for t, _ in routed] == sorted(expected)
+    assert {t: part.column("i").to_pylist() for t, part in routed} == expected
 
 
 def test_rebalance_round_robins_and_broadcast_copies():
