@@ -93,3 +93,33 @@ def test_a_float_total_after_int_totals_is_not_truncated():
     op = aggregate("sum")
     rows(op, pa.record_batch({"k": [1], "v": [1]}))
     assert rows(op, pa.record_batch({"k": [1], "v": [1.5]})) == {1: 2.5}
+
+
+@pytest.mark.parametrize("kind", ["sum", "count", "min", "max"])
+@pytest.mark.parametrize("field_type", [pa.int64(), pa.int32(), pa.float64()])
+def test_small_batches_aggregate_as_large_ones(kind, field_type):
+    """A batch of up to ``small_batch_rows`` rows is aggregated in Python where that is
+    exact: the same rows, types and running totals as Arrow's group-by gives them."""
+    import random
+
+    rng = random.Random(7)
+    field = None if kind == "count" else "v"
+    small, large = aggregate(kind, field), aggregate(kind, field)
+    large.small_batch_rows = 0  # Arrow's group-by for every batch
+    big = 2**30 if field_type == pa.int32() else 2**40
+    for rows in [1, 2, 5, 40, 300, 512, 513, 3, 1]:
+        keys = [rng.choice([None, *range(-3, 40)]) for _ in range(rows)]
+        values = [rng.choice([None, -big, 7, 0, big, rng.randint(-9, 9)]) for _ in keys]
+        batch = pa.record_batch(
+            {"k": pa.array(keys, pa.int64()), "v": pa.array(values, field_type)}
+        )
+        (a,) = small.process(batch)
+        (b,) = large.process(batch)
+        assert a.schema == b.schema
+        assert dict(zip(a.column(0).to_pylist(), a.column(1).to_pylist())) == dict(
+            zip(b.column(0).to_pylist(), b.column(1).to_pylist())
+        )
+        assert sorted(a.column(0).to_pylist(), key=repr) == sorted(
+            b.column(0).to_pylist(), key=repr
+        )
+    assert small.metrics() == large.metrics()
