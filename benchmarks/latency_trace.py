@@ -64,6 +64,9 @@ TRACE_DIR_ENV = "RAYFLOW_LATENCY_TRACE_DIR"
 #: the directory holding the driver's rayflow (the hook runs before Ray puts the driver's
 #: working directory on the worker's path)
 ROOT_ENV = "RAYFLOW_LATENCY_TRACE_ROOT"
+GC_THRESHOLD_ENV = "RAYFLOW_LATENCY_TRACE_GC_THRESHOLD0"
+GC_TYPES_ENV = "RAYFLOW_LATENCY_TRACE_GC_TYPES"
+SOURCE_HOLD_ENV = "RAYFLOW_LATENCY_TRACE_SOURCE_HOLD_S"
 
 
 def install_tracing() -> None:
@@ -124,6 +127,26 @@ def install_tracing() -> None:
             return "bundle"
         return type(message).__name__
 
+    threshold0 = os.environ.get(GC_THRESHOLD_ENV)
+    if threshold0:  # the young generation's threshold subtask processes take
+        from rayflow.runtime import gc_tuning
+
+        gc_tuning.tune_gc.__defaults__ = (int(threshold0),)
+
+    hold = float(os.environ.get(SOURCE_HOLD_ENV) or 0)
+    if hold:  # sources start reading this long after their subtask's run() started
+        from rayflow.runtime import subtask as subtask_module
+
+        orig_run_source = subtask_module.Subtask._run_source
+
+        async def _run_source(self: Any) -> None:
+            import asyncio
+
+            await asyncio.sleep(hold)
+            await orig_run_source(self)
+
+        subtask_module.Subtask._run_source = _run_source
+
     out = channels.OutputChannel
     gate = channels.InputGate
     orig_write, orig_push, orig_send = out.write, out._push, out.send
@@ -165,6 +188,7 @@ def install_tracing() -> None:
     gate.push, gate.next = admit, next_
 
     import gc
+    import threading
 
     gc_started: list[float] = []
 
@@ -174,9 +198,29 @@ def install_tracing() -> None:
         elif gc_started:
             took = time.perf_counter() - gc_started[0]
             if took > 0.001:  # pauses of a millisecond or more
-                note(ev="gc", t=time.time(), s=took, gen=info.get("generation"))
+                note(
+                    ev="gc",
+                    t=time.time(),
+                    s=took,
+                    gen=info.get("generation"),
+                    collected=info.get("collected", 0),
+                )
 
     gc.callbacks.append(on_gc)
+
+    if os.environ.get(GC_TYPES_ENV):  # what the collector's generations hold, every 3 s
+
+        def census() -> None:
+            from collections import Counter
+
+            while True:
+                time.sleep(3.0)
+                counts = Counter(type(o).__name__ for o in gc.get_objects())
+                note(
+                    ev="census", t=time.time(), top=counts.most_common(8), all=sum(counts.values())
+                )
+
+        threading.Thread(target=census, daemon=True).start()
 
     # Subtask actors are killed at the end of a job: write the notes out as each
     # subtask reports its metrics (the last call it answers).
@@ -239,6 +283,58 @@ def stage_times(notes: Sequence[dict[str, Any]]) -> dict[float, dict[str, float]
     return out
 
 
+def _by_checkpoint_phase(
+    notes: Sequence[dict[str, Any]], stages: dict[float, dict[str, float]]
+) -> list[str]:
+    """Marker latency by how long after a checkpoint's first barrier the marker was
+    created, and when each sending process sent that checkpoint's barrier."""
+    first: dict[int, float] = {}
+    sent: dict[int, dict[int, float]] = defaultdict(dict)
+    for n in notes:
+        if n["ev"] == "barrier":
+            first[n["id"]] = min(first.get(n["id"], math.inf), n["t"])
+            sent[n["id"]][n["pid"]] = min(sent[n["id"]].get(n["pid"], math.inf), n["t"])
+    if not first:
+        return []
+    starts = sorted(first.values())
+    bins = [(0, 50), (50, 100), (100, 200), (200, 400), (400, 700), (700, 10_000)]
+    by_bin: dict[tuple[int, int], list[dict[str, float]]] = defaultdict(list)
+    for created, s in stages.items():
+        before = [b for b in starts if b <= created]
+        if not before:
+            continue
+        since = (created - before[-1]) * 1000
+        for lo, hi in bins:
+            if lo <= since < hi:
+                by_bin[(lo, hi)].append(s)
+    lines = [
+        "",
+        "| created ms after a checkpoint's first barrier | markers | p50 ms | p99 ms | "
+        "mean buffer / flight / queue / operator ms |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for lo, hi in bins:
+        group = by_bin.get((lo, hi), [])
+        if not group:
+            continue
+        totals = [g["total"] * 1000 for g in group]
+        means = " / ".join(
+            f"{statistics.fmean(g.get(name, 0.0) for g in group) * 1000:.1f}"
+            for name in ("buffer", "flight", "queue", "operator")
+        )
+        lines.append(
+            f"| {lo}-{hi} | {len(group)} | {bench.percentile(totals, 50):.1f} "
+            f"| {bench.percentile(totals, 99):.1f} | {means} |"
+        )
+    lines.append("barrier sent, ms after the checkpoint's first, per sending process:")
+    for cid in sorted(sent)[:6]:
+        cells = ", ".join(
+            f"{pid}:{(t - first[cid]) * 1000:.0f}" for pid, t in sorted(sent[cid].items())
+        )
+        lines.append(f"  checkpoint {cid}: {cells}")
+    return lines
+
+
 def _busy(cpu: dict[str, Any] | None) -> str:
     if not cpu or cpu["wall"] <= 0:
         return "-"
@@ -263,6 +359,14 @@ def report(notes: Sequence[dict[str, Any]], target_ms: float, source_started: fl
             f"| {name} | {bench.percentile(values, 50):.1f} | {bench.percentile(values, 90):.1f} "
             f"| {bench.percentile(values, 99):.1f} | {max(values):.1f} |"
         )
+    if source_started is not None:
+        later = [s["total"] * 1000 for m, s in stages.items() if m - source_started >= 1.0]
+        if later:
+            lines.append(
+                f"| total, markers created 1 s or more after the source started ({len(later)}) "
+                f"| {bench.percentile(later, 50):.1f} | {bench.percentile(later, 90):.1f} "
+                f"| {bench.percentile(later, 99):.1f} | {max(later):.1f} |"
+            )
     hop_count = max(int(s["hops"]) for s in stages.values())
     lines.append("")
     lines.append(
@@ -301,6 +405,7 @@ def report(notes: Sequence[dict[str, Any]], target_ms: float, source_started: fl
                 f"  created within 200 ms after a barrier was sent: {within} of {len(slow)} "
                 f"(of all markers: {base:.0%})"
             )
+        lines.extend(_by_checkpoint_phase(notes, stages))
         if source_started is not None:
             at = sorted((m - source_started, s["total"] * 1000) for m, s in slow.items())
             lines.append(
@@ -333,6 +438,24 @@ def report(notes: Sequence[dict[str, Any]], target_ms: float, source_started: fl
             f"{sum(p['s'] for p in pauses) * 1000:.0f} ms in all, longest "
             f"{max(p['s'] for p in pauses) * 1000:.0f} ms"
         )
+        per: dict[tuple[int, Any], list[float]] = defaultdict(list)
+        freed: dict[tuple[int, Any], int] = defaultdict(int)
+        for p in pauses:
+            per[(p["pid"], p.get("gen"))].append(p["s"] * 1000)
+            freed[(p["pid"], p.get("gen"))] += p.get("collected", 0)
+        for (pid, gen), took in sorted(per.items(), key=lambda kv: -sum(kv[1])):
+            lines.append(
+                f"  process {pid}, generation {gen}: {len(took)} pauses, "
+                f"{sum(took):.0f} ms in all, longest {max(took):.0f} ms, "
+                f"{freed[(pid, gen)]:,} objects freed"
+            )
+    census = [n for n in notes if n["ev"] == "census"]
+    if census:
+        lines.append("")
+        lines.append("objects the collector tracks, per process every 3 s (the most of a type):")
+        for n in sorted(census, key=lambda n: (n["pid"], n["t"])):
+            top = ", ".join(f"{name} {count:,}" for name, count in n["top"][:5])
+            lines.append(f"  {n['pid']} at {n['t'] - source_started:.0f}s: {n['all']:,}: {top}")
     messages = [n for n in notes if n["ev"] == "msg"]
     by_pid: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for n in messages:
@@ -393,6 +516,32 @@ def main(argv: Sequence[str] | None = None) -> int:
         "(set_buffer_limits' channel_bytes; default: the runtime's)",
     )
     parser.add_argument(
+        "--checkpoints",
+        choices=("aligned", "unaligned", "off"),
+        default="aligned",
+        help="checkpoints of the traced run: EXACTLY_ONCE aligned as the benchmark's "
+        "(default), unaligned, or none",
+    )
+    parser.add_argument(
+        "--gc-threshold0",
+        type=int,
+        default=None,
+        help="the young generation's collector threshold in subtask processes (default: "
+        "the runtime's)",
+    )
+    parser.add_argument(
+        "--gc-census",
+        action="store_true",
+        help="every 3 s, count the objects the collector tracks in each process, by type",
+    )
+    parser.add_argument(
+        "--source-hold-s",
+        type=float,
+        default=0.0,
+        help="sources start reading this long after their subtask started (to tell the "
+        "start-up's share of the tail)",
+    )
+    parser.add_argument(
         "--unthrottled",
         action="store_true",
         help="trace the run without a rate limit (--rate then only sizes it)",
@@ -410,7 +559,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging_level="WARNING",
         runtime_env={
             "worker_process_setup_hook": install_tracing,
-            "env_vars": {TRACE_DIR_ENV: trace_dir, ROOT_ENV: str(HERE.parent)},
+            "env_vars": {
+                TRACE_DIR_ENV: trace_dir,
+                ROOT_ENV: str(HERE.parent),
+                **({GC_THRESHOLD_ENV: str(args.gc_threshold0)} if args.gc_threshold0 else {}),
+                **({GC_TYPES_ENV: "1"} if args.gc_census else {}),
+                **({SOURCE_HOLD_ENV: str(args.source_hold_s)} if args.source_hold_s else {}),
+            },
         },
     )
     config = bench.Config(args.timeout_ms, args.chaining == "on", args.parallelism)
@@ -418,6 +573,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     def configure(env: Any) -> None:
         if args.channel_mib is not None:
             env.set_buffer_limits(channel_bytes=int(args.channel_mib * (1 << 20)))
+
+    def configure_traced(env: Any) -> None:
+        configure(env)
+        if args.checkpoints == "unaligned":
+            env.get_checkpoint_config().enable_unaligned_checkpoints()
+        elif args.checkpoints == "off":
+            env.get_checkpoint_config().interval_ms = None
 
     try:
         if args.rate is None:
@@ -441,7 +603,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.marker_ms,
             None if args.unthrottled else bench.source_rate(rate, args.parallelism, 1.0),
             args.batch_rows,
-            configure,
+            configure_traced,
         )
         print(
             f"{config.label}: target {rate:,.0f} rows/s ({outcome.batch_rows:,}-row batches), "
