@@ -143,6 +143,13 @@ class KeyedStateBackend:
     def table_for_group(self, key_group: int, name: str) -> dict[Any, Any]:
         return self._groups.setdefault(key_group, {}).setdefault(name, {})
 
+    def tables(self, name: str) -> Iterator[dict[Any, Any]]:
+        """The ``key -> value`` table of state ``name`` of every key group that has one."""
+        for tables in self._groups.values():
+            table = tables.get(name)
+            if table is not None:
+                yield table
+
     def items(self, name: str) -> Iterator[tuple[Any, Any]]:
         """Every ``(key, value)`` of state ``name`` across all key groups."""
         for tables in self._groups.values():

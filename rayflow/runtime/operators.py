@@ -639,6 +639,15 @@ class KeyedProcessOperator(_KeyedOperator):
         return []
 
 
+#: The one NaN key of a keyed aggregate (see ``KeyedAggregateOperator._float_keys``).
+_NAN = float("nan")
+
+
+def _one_nan(keys: list[Any]) -> list[Any]:
+    """``keys`` with every NaN the same object, so that a dict finds it."""
+    return [_NAN if k != k else k for k in keys]  # noqa: PLR0124 - only NaN differs from itself
+
+
 #: Up to this many keys, key groups are computed key by key rather than for a column
 #: (which costs ~30 us a call whatever its length).
 _KEY_GROUPS_ONE_BY_ONE = 32
@@ -710,6 +719,7 @@ class KeyedAggregateOperator(_KeyedOperator):
         self.nulls_skipped = 0
         self._field_type: pa.DataType | None = None  # of the field in the last batch
         self._total_type: pa.DataType | None = None  # of the aggregate column emitted
+        self._key_type: pa.DataType | None = None  # of the key column; None: any object
 
     @staticmethod
     def check_field(aggregation: str, field: str | None, schema: pa.Schema) -> pa.DataType | None:
@@ -770,10 +780,16 @@ class KeyedAggregateOperator(_KeyedOperator):
             return []
         batch = self._checked(batch)
         key_column = self.key.column
+        if key_column is not None:
+            index = batch.schema.get_field_index(key_column)
+            self._key_type = batch.schema.field(index).type if index >= 0 else None
         if key_column is not None and not (
-            batch.num_rows <= self.small_batch_rows and self._same_in_python()
+            (batch.num_rows <= self.small_batch_rows and self._same_in_python())
+            or self._may_wrap(batch)
         ):
             keys, partials = self._partials_vectorized(batch, key_column)
+            if self._float_keys:
+                keys = _one_nan(keys)
         else:
             keys, partials = self._partials_per_record(batch)
         combine = _AGGREGATIONS[self.aggregation][1]
@@ -795,8 +811,53 @@ class KeyedAggregateOperator(_KeyedOperator):
             append(total)
         key_name = key_column or "key"
         columns: dict[str, Any] = {key_name: keys}
-        columns[self.output_field] = self._totals_array(totals)
+        # An integer total out of its type's range fails the attempt here (its state,
+        # written above, goes with it): never wrapped around, never emitted.
+        columns[self.output_field] = self._totals_array(totals, keys)
         return [pa.RecordBatch.from_pydict(columns)]
+
+    @property
+    def _float_keys(self) -> bool:
+        """Keys may be floats: a NaN key is one key (as Java's ``Double.equals`` has it),
+        while every NaN Arrow converts is an object of its own that equals nothing."""
+        t = self._key_type
+        return t is None or pa.types.is_floating(t)
+
+    def restore_state(self, snapshots: list[Any]) -> None:
+        super().restore_state(snapshots)
+        # A NaN key comes back as a new object (or, from a version that kept them apart,
+        # as several): one NaN key again, whatever its totals add up to.
+        combine = _AGGREGATIONS[self.aggregation][1]
+        for table in self.backend.tables(self.state_name):
+            nans = [k for k in table if k != k]  # noqa: PLR0124 - NaN only
+            if not nans:
+                continue
+            totals = [table.pop(k) for k in nans]
+            total = totals[0]
+            for more in totals[1:]:
+                total = combine(total, more)
+            table[_NAN] = total
+
+    def _may_wrap(self, batch: pa.RecordBatch) -> bool:
+        """Whether Arrow's group-by could wrap around a sum of this batch's integers (it
+        does so silently): rows times the largest magnitude leaves the total's range.
+        Such a batch is summed in Python, exactly, and a total out of range is an error."""
+        t = self._field_type
+        if self.aggregation != "sum" or t is None or not pa.types.is_integer(t):
+            return False
+        total = self._total_type
+        if total is None or not pa.types.is_integer(total):
+            return False
+        column = batch.column(self.field)
+        rows = len(column) - column.null_count
+        widest = 1 << (t.bit_width - (1 if pa.types.is_signed_integer(t) else 0))
+        limit = 1 << (total.bit_width - (1 if pa.types.is_signed_integer(total) else 0))
+        if rows * widest < limit:
+            return False  # e.g. int32 into an int64 total: no batch can wrap it
+        low, high = (v.as_py() for v in pc.min_max(column).values())
+        if low is None:
+            return False
+        return rows * max(abs(low), abs(high)) >= limit
 
     def _same_in_python(self) -> bool:
         """Whether a Python loop aggregates this batch's field exactly as Arrow's group-by
@@ -806,10 +867,27 @@ class KeyedAggregateOperator(_KeyedOperator):
         t = self._field_type
         return t is not None and pa.types.is_integer(t)
 
-    def _totals_array(self, totals: list[Any]) -> pa.Array:
+    def _totals_array(self, totals: list[Any], keys: list[Any]) -> pa.Array:
         """The totals in the aggregate's type (the same from batch to batch, also while a
-        key's total is still null), or as inferred when the input's type changed."""
+        key's total is still null), or as inferred when the input's type changed. An
+        integer total outside its type's range raises an OverflowError naming the key."""
         total_type = self._total_type if self.field is not None else pa.int64()
+        field_type = self._field_type if self.field is not None else pa.int64()
+        if (
+            total_type is not None
+            and pa.types.is_integer(total_type)
+            and field_type is not None
+            and pa.types.is_integer(field_type)
+        ):
+            try:
+                # typed: ints only (after batches of floats the inferred way below, as a
+                # typed conversion truncates a float), and a uint64 total over 2**63 - 1
+                # is no int64
+                return pa.array(totals, type=total_type)
+            except OverflowError:
+                raise self._out_of_range(totals, keys, total_type) from None
+            except (pa.ArrowInvalid, pa.ArrowTypeError):
+                pass  # not ints (the input's type changed): inferred below
         array = pa.array(totals)  # inferred: a typed conversion would truncate floats
         if total_type is None or array.type == total_type:
             return array
@@ -818,6 +896,21 @@ class KeyedAggregateOperator(_KeyedOperator):
         except pa.ArrowException:
             self._total_type = array.type
             return array
+
+    def _out_of_range(self, totals: list[Any], keys: list[Any], t: pa.DataType) -> OverflowError:
+        low, high = (0, (1 << t.bit_width) - 1)
+        if pa.types.is_signed_integer(t):
+            low, high = -(1 << (t.bit_width - 1)), (1 << (t.bit_width - 1)) - 1
+        key, total = next(
+            ((k, v) for k, v in zip(keys, totals) if v is not None and not low <= v <= high),
+            (None, None),
+        )
+        what = f"{self.aggregation}({self.field!r})" if self.field else self.aggregation
+        return OverflowError(
+            f"{what} of {self.context.operator_name!r}: the total of key {key!r} is "
+            f"{total}, outside the range of {t} ({low} to {high}); it is neither wrapped "
+            "around nor emitted. Cast the field to float64 or a decimal upstream"
+        )
 
     def _partials_vectorized(self, batch: pa.RecordBatch, key_column: str) -> tuple[list, list]:
         table = pa.Table.from_batches([batch])
@@ -835,6 +928,8 @@ class KeyedAggregateOperator(_KeyedOperator):
     def _partials_per_record(self, batch: pa.RecordBatch) -> tuple[list, list]:
         combine = _AGGREGATIONS[self.aggregation][1]
         keys = self.key.keys_of_batch(batch)
+        if self._float_keys:
+            keys = _one_nan(keys)
         values = [1] * len(keys) if self.field is None else batch.column(self.field).to_pylist()
         partials: dict[Any, Any] = {}
         for key, value in zip(keys, values):

@@ -123,3 +123,69 @@ def test_small_batches_aggregate_as_large_ones(kind, field_type):
             b.column(0).to_pylist(), key=repr
         )
     assert small.metrics() == large.metrics()
+
+
+@pytest.mark.parametrize("small_batch_rows", [512, 0], ids=["python", "arrow"])
+@pytest.mark.parametrize(
+    ("field_type", "batches"),
+    [
+        (pa.int64(), [[2**62, 2**62]]),  # within one batch (Arrow's group-by wraps it)
+        (pa.int64(), [[2**62], [2**62]]),  # across batches
+        (pa.int64(), [[-(2**62)], [-(2**62)], [-1]]),
+        (pa.uint64(), [[2**63, 2**63]]),
+    ],
+    ids=["int64-in-a-batch", "int64-across", "int64-below", "uint64"],
+)
+def test_an_integer_sum_out_of_range_is_an_error_naming_the_key(
+    small_batch_rows, field_type, batches
+):
+    """Neither wrapped around (Arrow's sum does that silently) nor emitted, whatever the
+    batch sizes: an error naming the operator, the key and the total."""
+    op = aggregate("sum")
+    op.small_batch_rows = small_batch_rows
+    *fine, last = batches
+    for values in fine:
+        rows(op, pa.record_batch({"k": [4] * len(values), "v": pa.array(values, field_type)}))
+    batch = pa.record_batch({"k": [4] * len(last), "v": pa.array(last, field_type)})
+    with pytest.raises(OverflowError, match=r"sum\('v'\) of 'Agg': the total of key 4 is"):
+        op.process(batch)
+
+
+@pytest.mark.parametrize("small_batch_rows", [512, 0], ids=["python", "arrow"])
+def test_sums_near_the_ends_of_their_range_are_exact(small_batch_rows):
+    op = aggregate("sum")
+    op.small_batch_rows = small_batch_rows
+    big = pa.record_batch({"k": [1, 1, 2], "v": pa.array([2**62, 2**62 - 1, -(2**63)])})
+    assert rows(op, big) == {1: 2**63 - 1, 2: -(2**63)}
+    unsigned = aggregate("sum")
+    unsigned.small_batch_rows = small_batch_rows
+    batch = pa.record_batch({"k": [1, 1], "v": pa.array([2**63, 2**63 - 1], pa.uint64())})
+    (out,) = unsigned.process(batch)
+    assert out.column(1).type == pa.uint64() and out.column(1).to_pylist() == [2**64 - 1]
+
+
+@pytest.mark.parametrize("small_batch_rows", [512, 0], ids=["python", "arrow"])
+def test_nan_is_one_key_across_batches_and_a_restore(small_batch_rows):
+    """As Java's ``Double.equals`` has it (and Arrow's group-by within a batch): every
+    NaN key counts towards one key, also after its state was snapshotted and restored."""
+    nan = float("nan")
+    op = aggregate("count", None)
+    op.small_batch_rows = small_batch_rows
+    (out,) = op.process(pa.record_batch({"k": pa.array([nan, nan, 1.0, nan])}))
+    assert dict(zip(map(repr, out.column(0).to_pylist()), out.column(1).to_pylist())) == {
+        "nan": 3,
+        "1.0": 1,
+    }
+    assert out.num_rows == 2
+    (out,) = op.process(pa.record_batch({"k": pa.array([nan])}))
+    assert out.column(1).to_pylist() == [4]
+    snapshot = op.snapshot_state(1)
+    restored = aggregate("count", None)
+    restored.small_batch_rows = small_batch_rows
+    restored.restore_state([snapshot])
+    (out,) = restored.process(pa.record_batch({"k": pa.array([nan, 2.0])}))
+    assert dict(zip(map(repr, out.column(0).to_pylist()), out.column(1).to_pylist())) == {
+        "nan": 5,
+        "2.0": 1,
+    }
+    assert len(list(restored.backend.items(restored.state_name))) == 3
