@@ -6,12 +6,14 @@ It runs inside the job master actor, one per job attempt. A round:
 1. **trigger** checkpoint n at every source subtask (at most one pending, at
    least ``min_pause`` after the previous one ended);
 2. collect an **ack** from every subtask with its snapshot's durable path and
-   stats; on each ack, fetch the blob by a call whose result the job master owns
-   (the object-store tier: it outlives any subtask);
+   stats; a small snapshot comes with the ack and is kept here, a larger one is
+   fetched by a call whose result the job master owns (the object-store tier:
+   either way it outlives any subtask);
 3. **complete**: write the checkpoint's metadata in one atomic durable write,
    the commit point. Before it the checkpoint does not exist; after it, it is
    what a restore starts from and its sink transactions must be committed;
-4. **notify** every subtask (best effort; sinks commit everything up to n);
+4. **notify** the subtasks that act on it (best effort; sinks commit everything
+   up to n; a subtask says in its ack whether it does), every subtask of a final one;
 5. subsume older checkpoints beyond the retained count.
 
 A checkpoint is aborted on timeout, on a decline, or when the attempt fails;
@@ -402,14 +404,22 @@ class CheckpointCoordinator:
 
     # --- acknowledgements ---------------------------------------------------------------
 
-    async def acknowledge(self, cid: int, key: SubtaskKey, info: dict[str, Any]) -> None:
+    async def acknowledge(
+        self, cid: int, key: SubtaskKey, info: dict[str, Any], blob: bytes | None = None
+    ) -> None:
+        """``blob``: the subtask's snapshot when it came along (kept here as it is, as
+        Ray keeps a small call result in its caller's memory); otherwise it is fetched
+        from the subtask, so that this process owns the object either way."""
         pending = self.pending
         if pending is None or pending.checkpoint_id != cid or key not in pending.expected:
             return
         if key in pending.acks:
             return
         pending.acks[key] = info
-        pending.refs[key] = self.tasks[key].snapshot_blob.remote(self.attempt, cid)
+        if blob is None:
+            pending.refs[key] = self.tasks[key].snapshot_blob.remote(self.attempt, cid)
+        else:
+            pending.refs[key] = blob
         if len(pending.acks) == len(pending.expected):
             self._completing = asyncio.ensure_future(self._complete(pending))
             await self._completing
@@ -497,7 +507,7 @@ class CheckpointCoordinator:
             await self._write_savepoint(pending, metadata)
         self.hooks.at(HookPoint.JOB_MASTER_BEFORE_NOTIFY, n, named)
         self.hooks.at(HookPoint.BEFORE_NOTIFY, n, named)
-        self._notify_complete(cid, final=pending.final)
+        self._notify_complete(cid, pending.final, pending.acks)
         if pending.final:
             self._final_id = cid
             self._renotify_task = asyncio.ensure_future(self._renotify_final(cid))
@@ -527,6 +537,8 @@ class CheckpointCoordinator:
                 """One blob at a time (in the writing thread): the whole state is never
                 in this process at once."""
                 ref = pending.refs.get(key)
+                if isinstance(ref, bytes):  # kept as it came with the acknowledgement
+                    return ref
                 if ref is not None:
                     import ray
 
@@ -593,9 +605,13 @@ class CheckpointCoordinator:
     def _named_tasks(self) -> dict[tuple[str, int], Any]:
         return {(self.graph.vertices[k[0]].name, k[1]): a for k, a in self.tasks.items()}
 
-    def _notify_complete(self, cid: int, final: bool) -> None:
+    def _notify_complete(self, cid: int, final: bool, acks: dict[SubtaskKey, Any]) -> None:
+        """Every subtask hears of a final checkpoint; of any other, those that said in
+        their acknowledgement that they act on it (a subtask that did not say is told)."""
         for key, actor in self.tasks.items():
             if key in self._ended:
+                continue
+            if not final and not acks.get(key, {}).get("notify", True):
                 continue
             if final and not self.hooks.at(
                 HookPoint.FINAL_NOTIFY, 0, {(self.graph.vertices[key[0]].name, key[1]): actor}

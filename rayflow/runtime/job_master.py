@@ -413,10 +413,16 @@ class JobMaster:
     # --- calls from subtasks ------------------------------------------------------------
 
     async def acknowledge_checkpoint(
-        self, attempt: int, cid: int, key: tuple[int, int], info: dict[str, Any]
+        self,
+        attempt: int,
+        cid: int,
+        key: tuple[int, int],
+        info: dict[str, Any],
+        blob: bytes | None = None,
     ) -> None:
+        """``blob``: the snapshot, when it is small enough to come with the call."""
         if attempt == self.attempt and self.coordinator is not None:
-            await self.coordinator.acknowledge(cid, key, info)
+            await self.coordinator.acknowledge(cid, key, info, blob)
 
     async def decline_checkpoint(
         self,
@@ -1073,6 +1079,8 @@ class JobMaster:
         graph = self.graph
         actors: dict[tuple[int, int], Any] = {}
         redeploys: dict[tuple[int, int], Any] = {}
+        if restore is not None:
+            _into_object_store(restore)
         try:
             for vertex_id in reversed(graph.topological_order()):
                 vertex = graph.vertices[vertex_id]
@@ -1138,3 +1146,17 @@ class JobMaster:
             max_concurrency=subtask_max_concurrency(channels, settings.send_window),
             **{**settings.subtask_options, **self.placement.actor_options(key, in_group)},
         ).remote(deployment)
+
+
+def _into_object_store(checkpoint: CompletedCheckpoint) -> None:
+    """Snapshot blobs that came with acknowledgements are kept as bytes: put each in
+    Ray's object store once (owned by this process) before a restore hands it to
+    subtasks, so that every deployment carries a reference and not the bytes (a keyed
+    vertex's subtasks each restore from every old subtask's blob). A blob that cannot be
+    put stays bytes: the deployments carry it."""
+    for key, ref in list(checkpoint.refs.items()):
+        if isinstance(ref, bytes):
+            try:
+                checkpoint.refs[key] = ray.put(ref)
+            except Exception as exc:  # noqa: BLE001 - the bytes still restore
+                log.warning("snapshot blob of subtask %s not put in the object store: %s", key, exc)

@@ -108,6 +108,10 @@ CONTROL_GROUP = "control"
 #: doubling from the first to the second while it stays idle; control messages end a wait.
 SOURCE_IDLE_MIN_S = 0.001
 SOURCE_IDLE_MAX_S = 0.02
+#: A snapshot blob up to this size goes to the job master inside the acknowledgement
+#: (an argument Ray sends inline); a larger one stays here until the job master asks for
+#: it, so that the job master owns its object and a crash of this subtask keeps it.
+INLINE_BLOB_BYTES = 64 * 1024
 
 
 @dataclass
@@ -452,6 +456,9 @@ class Subtask:
         self._closed = False
         self._state_loaded = False
         self._blobs: dict[int, bytes] = {}
+        #: whether an operator or the source reader acts on completed checkpoints (known
+        #: once the reader exists)
+        self._listening: bool | None = None
         self._async_parts: set[asyncio.Task] = set()
         self._source_reader = None
         #: event time: the input valve (None until a watermark arrives), the watermark
@@ -876,7 +883,9 @@ class Subtask:
         snapshots = []
         for handle in self.d.restore:
             blob = None
-            if handle.ref is not None:
+            if isinstance(handle.ref, bytes):  # kept as it came, not in the object store
+                blob = handle.ref
+            elif handle.ref is not None:
                 try:
                     blob = await asyncio.wait_for(handle.ref, timeout=10)
                 except Exception:  # noqa: BLE001 - owner gone: fall back to the durable tier
@@ -1505,6 +1514,34 @@ class Subtask:
             )
             return
         info["async_s"] = time.time() - started
-        self._blobs[cid] = blob
+        inline = len(blob) <= INLINE_BLOB_BYTES
+        if not inline:
+            self._blobs[cid] = blob
+        # Whether this subtask needs to hear that the checkpoint completed: the job
+        # master leaves out the others (a final checkpoint goes to every subtask).
+        info["notify"] = self._listens_for_completion()
         self._alignments.append(info.get("alignment_s") or 0.0)
-        self.d.master.acknowledge_checkpoint.remote(self.attempt, cid, self.key, info)
+        self.d.master.acknowledge_checkpoint.remote(
+            self.attempt, cid, self.key, info, blob if inline else None
+        )
+
+    def _listens_for_completion(self) -> bool:
+        """An operator or the source reader acts on a completed checkpoint (a sink
+        commits, a reader commits offsets), or this subtask holds a blob or an unaligned
+        snapshot that a completion lets it drop."""
+        if self._blobs or self._unaligned:
+            return True
+        if self._listening is not None:
+            return self._listening
+        reader = self._source_reader
+        if reader is None and self.d.vertex.is_source:
+            return True  # no reader yet to ask
+        self._listening = any(
+            type(op).notify_checkpoint_complete is not Operator.notify_checkpoint_complete
+            for op in self.operators
+        ) or (
+            reader is not None
+            and type(reader).notify_checkpoint_complete
+            is not SourceReader.notify_checkpoint_complete
+        )
+        return self._listening

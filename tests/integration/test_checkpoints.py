@@ -11,7 +11,8 @@ import pytest
 from rayflow import JobFailedError
 from rayflow.cli import main as cli_main
 from rayflow.config import CheckpointingMode
-from rayflow.testing import wait_for_checkpoints
+from rayflow.runtime.hooks import HookPoint, MasterHooks, RuntimeHooks, SubtaskHooks
+from rayflow.testing import Fault, FaultPlan, FaultPoint, inject_faults, wait_for_checkpoints
 from sinks.basic import CollectSink
 from tests.chaos.harness import build_keyed_sum, expected_rows, expected_sums, outcome, unique_job
 
@@ -163,3 +164,70 @@ def test_restoring_an_older_checkpoint_never_reuses_a_newer_ones_id(tmp_path):
     assert min(new_ids) > max(kept)
     got = outcome(result, sink)
     assert got.sums == expected_sums(N)
+
+
+class _BlobHider(SubtaskHooks):
+    """Before a restore reads its blobs: every durable blob under ``root`` renamed away,
+    so that only the job master's copies are left to restore from; each one hidden is
+    recorded by name in ``record`` (the checkpoint directories go with later
+    checkpoints)."""
+
+    def __init__(self, root: str, record: str) -> None:
+        self.root, self.record = root, record
+
+    def after_records(self, records: int) -> None:
+        pass
+
+    def at(self, point: HookPoint) -> None:
+        if point is not HookPoint.DURING_STATE_LOAD:
+            return
+        for directory, _, names in os.walk(self.root):
+            for name in names:
+                if name.endswith(".state"):
+                    path = os.path.join(directory, name)
+                    try:
+                        os.replace(path, path + ".hidden")
+                    except FileNotFoundError:
+                        continue  # another subtask of the attempt hid it
+                    with open(os.path.join(self.record, name), "w"):
+                        pass
+
+
+class _KillThenHideBlobs(RuntimeHooks):
+    """Attempt 0: the keyed subtask 0 dies after its second snapshot (so the first
+    checkpoint completed); later attempts restore with the durable blobs hidden."""
+
+    def __init__(self, root: str, record: str) -> None:
+        self.root, self.record = root, record
+        self.plan = FaultPlan([Fault(FaultPoint.AFTER_SNAPSHOT, 0, "Sum", 0, checkpoint=2)])
+
+    def for_subtask(self, vertex_name: str, index: int, attempt: int) -> SubtaskHooks | None:
+        if attempt == 0:
+            return self.plan.for_subtask(vertex_name, index, attempt)
+        return _BlobHider(self.root, self.record)
+
+    def for_job_master(self, attempt: int) -> MasterHooks | None:
+        return None
+
+
+def test_a_restore_reads_the_job_masters_copies_when_the_durable_blobs_are_gone(tmp_path):
+    """The object-store tier: a subtask's snapshot reaches the job master with its
+    acknowledgement (or by a fetch), and a restart restores from those copies, which
+    outlive the subtask that made them, without reading the durable tier."""
+    n = 120_000
+    storage, record = tmp_path / "checkpoints", tmp_path / "hidden"
+    record.mkdir()
+    env, sink = build_keyed_sum(n, 2, 2000, rate=60_000, checkpoint_ms=100, storage=str(storage))
+    inject_faults(env, _KillThenHideBlobs(str(storage), str(record)))
+    result = env.execute(unique_job("object-store-tier"))
+    got = outcome(result, sink)
+    assert result.restarts >= 1
+    hidden = sorted(p.name for p in record.iterdir())
+    # every subtask's blob of the restored checkpoint: sources and the keyed vertex
+    assert {name.split("-", 1)[1] for name in hidden} >= {
+        "v0-s0.state",
+        "v0-s1.state",
+        "v1-s0.state",
+        "v1-s1.state",
+    }, hidden
+    assert got.sums == expected_sums(n)

@@ -45,7 +45,9 @@ class _RecordingMaster:
         self.running: list[tuple[int, tuple[int, int]]] = []
         self.exhausted: list[tuple[int, tuple[int, int]]] = []
 
-    def acknowledge_checkpoint(self, attempt: int, cid: int, key: tuple, info: dict) -> None:
+    def acknowledge_checkpoint(
+        self, attempt: int, cid: int, key: tuple, info: dict, blob: bytes | None = None
+    ) -> None:
         self.acks.append((attempt, cid, key, info))
 
     def decline_checkpoint(self, attempt: int, cid: int, key: tuple, reason: str) -> None:

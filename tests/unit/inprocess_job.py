@@ -109,9 +109,10 @@ class Master:
         if attempt == self.job.attempt:
             self.job.exhausted.add(key)
 
-    def _ack(self, attempt: int, cid: int, key: Any, info: dict) -> None:
+    def _ack(self, attempt: int, cid: int, key: Any, info: dict, blob: Any = None) -> None:
         if attempt == self.job.attempt:
             self.job.acks.setdefault(cid, {})[key] = info
+            self.job.blobs.setdefault(cid, {})[key] = blob
 
     def _decline(self, attempt: int, cid: int, key: Any, why: str) -> None:
         if attempt == self.job.attempt:
@@ -161,6 +162,8 @@ class Job:
         self.storage = Storage()
         self.attempt = 0
         self.acks: dict[int, dict] = {}
+        #: the blob that came with each acknowledgement (None: left for a fetch)
+        self.blobs: dict[int, dict] = {}
         self.declined: dict[int, str] = {}
         self.exhausted: set = set()
         self.subtasks: dict[tuple[int, int], Any] = {}
