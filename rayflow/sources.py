@@ -104,7 +104,8 @@ class SourceReader(abc.ABC):
 
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:  # noqa: B027
         """Checkpoint ``checkpoint_id`` (and every one before it) completed. Best effort:
-        may come late, or not at all."""
+        may come late, or not at all. Only a reader whose class overrides this method
+        is told (the job master leaves the others out)."""
 
     def last_split_id(self) -> str | None:
         """The split the last batch came from, for watermarks per split; None when the
