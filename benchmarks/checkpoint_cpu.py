@@ -43,7 +43,7 @@ import latency as bench  # noqa: E402
 
 __all__ = ["CpuSampler", "main"]
 
-KINDS = ("job master", "subtasks", "driver", "ray")
+KINDS = ("job master", "subtasks", "idle workers", "driver", "ray")
 
 
 def _kind(pid: int, comm: str, cmdline: str) -> str | None:
@@ -54,6 +54,8 @@ def _kind(pid: int, comm: str, cmdline: str) -> str | None:
             return "job master"
         if "Subtask" in comm or ":subtask" in comm or comm.startswith("ray::rayflow"):
             return "subtasks"
+        if comm.startswith("ray::IDLE"):
+            return "idle workers"
         return "ray"
     if "/ray/" in cmdline:
         return "ray"
@@ -71,6 +73,10 @@ class CpuSampler:
         self._last: dict[int, tuple[str, float]] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
+        #: (wall time, CPU seconds per kind so far) at every reading, each interval's
+        #: CPU counted for the kind a process had at its end
+        self.timeline: list[tuple[float, dict[str, float]]] = []
+        self._spent = dict.fromkeys(KINDS, 0.0)
 
     def _read(self) -> dict[int, tuple[str, float]]:
         out: dict[int, tuple[str, float]] = {}
@@ -94,8 +100,18 @@ class CpuSampler:
 
     def _run(self) -> None:
         while not self._stop.wait(self._period_s):
-            for pid, reading in self._read().items():
-                self._last[pid] = reading
+            for pid, (kind, cpu) in self._read().items():
+                before = self._last.get(pid, (kind, self._first.get(pid, 0.0)))[1]
+                # by the kind a process has now: a worker is idle, then a subtask
+                self._spent[kind] += cpu - before
+                self._last[pid] = (kind, cpu)
+            self.timeline.append((time.time(), dict(self._spent)))
+
+    def _totals(self) -> dict[str, float]:
+        totals = dict.fromkeys(KINDS, 0.0)
+        for pid, (kind, cpu) in self._last.items():
+            totals[kind] += cpu - self._first.get(pid, 0.0)
+        return totals
 
     def start(self) -> CpuSampler:
         self._first = {pid: cpu for pid, (_, cpu) in self._read().items()}
@@ -107,10 +123,7 @@ class CpuSampler:
         self._thread.join()
         for pid, reading in self._read().items():
             self._last[pid] = reading
-        totals = dict.fromkeys(KINDS, 0.0)
-        for pid, (kind, cpu) in self._last.items():
-            totals[kind] += cpu - self._first.get(pid, 0.0)
-        return totals
+        return self._totals()
 
 
 def _run(config: bench.Config, args: argparse.Namespace, interval_ms: int | None) -> dict:
