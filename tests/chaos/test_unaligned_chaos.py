@@ -47,7 +47,7 @@ from tests.chaos.run_chaos import check_exactly_once
 N = 1_000_000
 P = 2
 BATCH = 5000
-HOT_DELAY_S = 0.01  # the hot subtask takes ~100 batches/s; the sources send ~200
+HOT_DELAY_S = 0.03  # the hot subtask takes ~33 batches/s; the sources send ~200
 SUM_VERTEX = "Sum"  # the chained vertex "Sum -> hot-key -> committed"
 HOT = subtask_of_key_group(key_group_of(0, DEFAULT_MAX_PARALLELISM), P, DEFAULT_MAX_PARALLELISM)
 
