@@ -135,7 +135,7 @@ def _run(config: bench.Config, args: argparse.Namespace, interval_ms: int | None
         else:
             env.get_checkpoint_config().set_checkpoint_interval(interval_ms)
 
-    sampler = CpuSampler().start()
+    sampler = CpuSampler(args.period_s).start()
     started = time.time()
     outcome = bench.run_job(
         config,
@@ -155,7 +155,23 @@ def _run(config: bench.Config, args: argparse.Namespace, interval_ms: int | None
         "cpu": cpu,
         "p99": outcome.latency.get("p99_ms", float("nan")),
         "steady_p99": outcome.steady.get("p99_ms", float("nan")),
+        "timeline": [(at - started, spent) for at, spent in sampler.timeline],
     }
+
+
+def _print_timeline(timeline: list[tuple[float, dict[str, float]]], seconds: float) -> None:
+    """Cores used per kind of process in each sampling period of the first ``seconds``
+    of a run (from just before ``execute()``)."""
+    print("| s after execute() | " + " | ".join(KINDS) + " |")
+    print("|---:|" + "---:|" * len(KINDS))
+    previous_at, previous = 0.0, dict.fromkeys(KINDS, 0.0)
+    for at, spent in timeline:
+        if at > seconds:
+            break
+        span = max(at - previous_at, 1e-9)
+        cells = " | ".join(f"{(spent[k] - previous[k]) / span:.2f}" for k in KINDS)
+        print(f"| {at:.1f} | {cells} |")
+        previous_at, previous = at, spent
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -168,6 +184,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--marker-ms", type=int, default=50)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--period-s", type=float, default=0.2, help="CPU sampling period")
+    parser.add_argument(
+        "--timeline-s",
+        type=float,
+        default=0.0,
+        help="print the cores each kind of process used per sampling period over the "
+        "first this many seconds of every run (start-up)",
+    )
     args = parser.parse_args(argv)
     print("command: python " + shlex.join(sys.argv if argv is None else [__file__, *argv]))
     print(f"load average: {bench.load_text()}", flush=True)
@@ -185,6 +209,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"latency p99 {run['p99']:.0f} ms (after 1 s {run['steady_p99']:.0f})",
                 flush=True,
             )
+            if args.timeline_s:
+                _print_timeline(run["timeline"], args.timeline_s)
     base = {
         kind: statistics.median(r["cpu"][kind] / r["wall"] for r in runs if r["interval"] is None)
         for kind in KINDS

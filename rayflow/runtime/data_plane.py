@@ -410,9 +410,10 @@ class _LinkState(enum.Enum):
 class DataLink:
     """One sender's connection to one receiving subtask, for one attempt.
 
-    :meth:`push` returns a future of the receiver's answer at once: the first push
-    starts connecting (the address through a Ray call to ``receiver``), and what is
-    pushed meanwhile is sent, in order, once connected."""
+    :meth:`push` returns a future of the receiver's answer at once: the first push (or
+    :meth:`connect`, when the run starts) starts connecting (the address through a Ray
+    call to ``receiver``), and what is pushed meanwhile is sent, in order, once
+    connected."""
 
     def __init__(
         self,
@@ -432,6 +433,28 @@ class DataLink:
         self._writer: asyncio.StreamWriter | None = None
         self._task: asyncio.Task[None] | None = None
         self._failure: DataLinkError | None = None
+        #: set once connecting is over: the link is open, failed or closed
+        self._settled: asyncio.Event | None = None
+
+    def connect(self) -> None:
+        """Start connecting now, before the first push (which then finds the link open
+        instead of waiting a Ray call and a TCP handshake); nothing is sent."""
+        if self.state is _LinkState.NEW and self._task is None:
+            self.state = _LinkState.CONNECTING
+            self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def settled(self) -> None:
+        """Return once connecting is over (open, failed or closed); at once for a link
+        that never started connecting."""
+        if self.state is not _LinkState.CONNECTING:
+            return
+        if self._settled is None:
+            self._settled = asyncio.Event()
+        await self._settled.wait()
+
+    def _settle(self) -> None:
+        if self._settled is not None:
+            self._settled.set()
 
     def push(self, channel: int, seq: int, attempt: int, message: Any) -> asyncio.Future:
         """Send message ``seq`` of ``channel``; the future holds the receiver's credit
@@ -473,6 +496,7 @@ class DataLink:
             self._queued = []
             self._writer = writer
             self.state = _LinkState.OPEN
+            self._settle()
             await self._read_replies(reader)
         except asyncio.CancelledError:
             self._fail(DataLinkError(f"the link to {self.describe} is closed"))
@@ -566,6 +590,7 @@ class DataLink:
             self._failure = error
         if self.state is not _LinkState.CLOSED:
             self.state = _LinkState.FAILED
+        self._settle()
         waiting, self._waiting = self._waiting, {}
         for future in waiting.values():
             if not future.done():
@@ -623,6 +648,23 @@ class DataLinks:
             link.fail_waiting(error)
         if self._on_failure is not None:
             self._on_failure(error)
+
+    def connect(self) -> None:
+        """Start connecting every link (see :meth:`DataLink.connect`)."""
+        for link in self._links.values():
+            link.connect()
+
+    async def connected(self, timeout_s: float) -> bool:
+        """Wait until every link is open (or failed: the failure is reported as it
+        would be at a push), at most ``timeout_s``; True if none is still connecting."""
+        links = list(self._links.values())
+        if not links:
+            return True
+        try:
+            await asyncio.wait_for(asyncio.gather(*(link.settled() for link in links)), timeout_s)
+        except asyncio.TimeoutError:
+            return False
+        return True
 
     def close(self) -> None:
         for link in self._links.values():

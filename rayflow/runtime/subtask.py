@@ -37,7 +37,12 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
+# Modules pyarrow imports lazily on the data path (Acero, with Arrow's dataset layer, at
+# the first ``group_by``; numpy.ma at the first array built from numpy): imported with
+# the actor's code, before its run, not while the first batches wait behind the import.
+import numpy.ma  # noqa: F401
 import pyarrow as pa
+import pyarrow.acero  # noqa: F401
 import ray
 
 from rayflow.checkpoint.state_format import encode_operator_states
@@ -108,6 +113,10 @@ CONTROL_GROUP = "control"
 #: doubling from the first to the second while it stays idle; control messages end a wait.
 SOURCE_IDLE_MIN_S = 0.001
 SOURCE_IDLE_MAX_S = 0.02
+#: Every subtask starts connecting to its receivers as its run starts; a source reads its
+#: first batch once they are connected, or after this long (then what it pushes waits in
+#: the links until they are): data is not read before its path is up.
+SOURCE_CONNECT_WAIT_S = 0.5
 #: A snapshot blob up to this size goes to the job master inside the acknowledgement
 #: (an argument Ray sends inline); a larger one stays here until the job master asks for
 #: it, so that the job master owns its object and a crash of this subtask keeps it.
@@ -739,6 +748,8 @@ class Subtask:
         self.metrics_["started_at"] = time.time()
         exporting = asyncio.ensure_future(self._export_metrics_periodically())
         try:
+            if self._links is not None:
+                self._links.connect()  # meanwhile: operators open, state is restored
             self._open()
             await self._restore()
             if self.d.master is not None and self.d.checkpointing is not None:
@@ -746,6 +757,8 @@ class Subtask:
             if self._restored_time is not None and not self.d.vertex.is_source:
                 await self._resume_event_time(self._restored_time)
             if self.d.vertex.is_source:
+                if self._links is not None:
+                    await self._links.connected(SOURCE_CONNECT_WAIT_S)
                 await self._run_source()
             else:
                 await self._run_inputs()

@@ -178,6 +178,101 @@ def test_a_receiver_that_cannot_be_asked_fails_the_link():
     asyncio.run(main())
 
 
+def test_connect_opens_the_link_before_the_first_push():
+    async def main():
+        subtask = _Subtask(credit=4)
+        server = _server(subtask)
+        links = DataLinks(0)
+        link = links.link(_Receiver(server), "r")
+        assert await links.connected(0.01)  # nothing started: nothing to wait for
+        links.connect()
+        assert await links.connected(5.0)
+        assert link.state is data_plane._LinkState.OPEN
+        assert len(server._connections) == 1 and subtask.pushed == []  # nothing sent
+        assert await link.push(0, 0, 0, _batch()) == 4
+        assert len(server._connections) == 1  # the push went over that connection
+        links.connect()  # again: nothing changes
+        assert link.state is data_plane._LinkState.OPEN
+        links.close()
+        server.close()
+
+    asyncio.run(main())
+
+
+def test_waiting_for_connections_is_bounded_and_pushes_meanwhile_still_go():
+    async def main():
+        subtask = _Subtask(credit=1)
+        server = _server(subtask)
+        answer = asyncio.Event()
+
+        async def slow_address(attempt):
+            await answer.wait()  # the receiver's mailbox is held up
+            return await server.address(attempt)
+
+        class Slow:
+            data_address = _Method(slow_address)
+
+        links = DataLinks(0)
+        link = links.link(Slow(), "r")
+        links.connect()
+        started = time.monotonic()
+        assert not await links.connected(0.05)
+        assert 0.04 < time.monotonic() - started < 2.0
+        assert link.state is data_plane._LinkState.CONNECTING
+        pushed = link.push(0, 0, 0, _batch())  # queued until the link is open
+        answer.set()
+        assert await pushed == 1
+        assert [s for _, s, _, _ in subtask.pushed] == [0]
+        links.close()
+        server.close()
+
+    asyncio.run(main())
+
+
+def test_a_link_that_fails_to_connect_ends_the_wait_and_is_reported():
+    async def main():
+        async def unreachable(attempt):
+            raise RuntimeError("The actor died unexpectedly")
+
+        class Dead:
+            data_address = _Method(unreachable)
+
+        failures = []
+        links = DataLinks(0, failures.append)
+        link = links.link(Dead(), "subtask 1/1 of 'sink'")
+        links.connect()
+        assert await links.connected(5.0)
+        assert link.state is data_plane._LinkState.FAILED
+        assert len(failures) == 1 and "actor died unexpectedly" in str(failures[0])
+        with pytest.raises(DataLinkError, match="actor died unexpectedly"):
+            await link.push(0, 0, 0, _batch())
+
+    asyncio.run(main())
+
+
+def test_closing_a_connecting_link_ends_the_wait():
+    async def main():
+        never = asyncio.Event()
+
+        async def stalled(attempt):
+            await never.wait()
+
+        class Stalled:
+            data_address = _Method(stalled)
+
+        links = DataLinks(0)
+        link = links.link(Stalled(), "r")
+        links.connect()
+        waiting = asyncio.ensure_future(links.connected(5.0))
+        await asyncio.sleep(0.01)
+        assert not waiting.done()
+        link.close()
+        assert await asyncio.wait_for(waiting, 1.0)
+        assert link.state is data_plane._LinkState.CLOSED
+
+    asyncio.run(main())
+
+
 def test_an_address_is_given_only_for_the_current_attempt():
     async def main():
         subtask = _Subtask(attempt=2)
