@@ -1,12 +1,21 @@
 """Exactly-once through the data plane's own failure points: a receiving subtask killed,
 or slow, while its senders ask where to connect; a receiver killed with pushes in flight
-on its connections; and the same seeded kills over both transports."""
+on its connections; a receiver that answers its senders late and then dies, with
+what the sources read meanwhile queued on the links still connecting; and the same
+seeded kills over both transports."""
 
 from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
 
 import pytest
 
 from rayflow import DataTransport
+from rayflow.runtime.hooks import HookPoint, RuntimeHooks, SubtaskHooks
+from rayflow.runtime.subtask import SOURCE_CONNECT_WAIT_S
 from rayflow.testing import Fault, FaultPlan, FaultPoint
 from tests.chaos.harness import (
     build_keyed_sum,
@@ -64,4 +73,61 @@ def test_seeded_kills_are_exactly_once_over_either_transport(transport, tmp_path
     env.set_data_transport(transport)
     result = env.execute(unique_job(f"data-plane-{transport.value}"))
     assert result.restarts >= 2, result.failures
+    _assert_exactly_once(result, sink)
+
+
+class _SourceReads(SubtaskHooks):
+    def __init__(self, record: str) -> None:
+        self.record = record
+
+    def after_records(self, records: int) -> None:
+        if records > 0 and not os.path.exists(self.record):
+            Path(self.record).write_text(str(records))
+
+
+class _SlowThenDead(SubtaskHooks):
+    def __init__(self, owner: LateAnswerThenKill) -> None:
+        self.owner = owner
+
+    def at(self, point: HookPoint) -> None:
+        if point is not HookPoint.DURING_CONNECT:
+            return
+        # the receiver's mailbox stalls past the sources' wait for their links, so they
+        # read and push into links still connecting; then the receiver dies
+        time.sleep(self.owner.stall_s)
+        Path(self.owner.killed).write_text(str(os.path.exists(self.owner.source_read)))
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+class LateAnswerThenKill(RuntimeHooks):
+    """Attempt 0: the sum subtask 1 stalls when first asked where to connect, then dies;
+    the sources note (in ``source_read``) that they read records, and the kill notes
+    (in ``killed``) whether they had by then."""
+
+    def __init__(self, directory: str, stall_s: float) -> None:
+        self.source_read = os.path.join(directory, "source-read")
+        self.killed = os.path.join(directory, "killed")
+        self.stall_s = stall_s
+
+    def for_subtask(self, vertex_name: str, index: int, attempt: int) -> SubtaskHooks | None:
+        if attempt != 0:
+            return None
+        if "numbers" in vertex_name:
+            return _SourceReads(self.source_read)
+        if "Sum" in vertex_name and index == 1:
+            return _SlowThenDead(self)
+        return None
+
+
+@pytest.mark.chaos
+def test_a_receiver_dying_while_pushes_wait_on_its_connecting_links_is_exactly_once(tmp_path):
+    """Sources read once their links are connected or after ``SOURCE_CONNECT_WAIT_S``;
+    here a receiver answers later than that, so what the sources read is queued on links
+    still connecting when the receiver dies: those pushes fail, the attempt with them,
+    and the next attempt delivers everything exactly once."""
+    hooks = LateAnswerThenKill(str(tmp_path), stall_s=SOURCE_CONNECT_WAIT_S + 1.0)
+    env, sink = build_keyed_sum(N, P, BATCH, storage=str(tmp_path / "chk"), plan=hooks)
+    result = env.execute(unique_job("data-plane-late-then-dead"))
+    assert Path(hooks.killed).read_text() == "True", "the sources had read nothing yet"
+    assert result.restarts == 1, result.failures
     _assert_exactly_once(result, sink)
