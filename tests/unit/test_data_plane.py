@@ -58,6 +58,17 @@ class _Subtask:
         return self.credit
 
 
+class _AskedBy:
+    """A receiver's handle whose ``data_address`` is the coroutine function given."""
+
+    def __init__(self, address) -> None:
+        self.data_address = _Method(address)
+
+
+async def _unreachable(attempt):
+    raise RuntimeError("The actor died unexpectedly")
+
+
 def _server(subtask: _Subtask) -> DataServer:
     return DataServer(subtask.push, lambda: subtask.attempt, host="127.0.0.1")
 
@@ -165,13 +176,7 @@ def test_a_lost_receiver_fails_every_push_in_flight_and_every_later_one():
 
 def test_a_receiver_that_cannot_be_asked_fails_the_link():
     async def main():
-        async def unreachable(attempt):
-            raise RuntimeError("The actor died unexpectedly")
-
-        class Dead:
-            data_address = _Method(unreachable)
-
-        link = DataLink(Dead(), 0, "subtask 1/1 of 'sink'")
+        link = DataLink(_AskedBy(_unreachable), 0, "subtask 1/1 of 'sink'")
         with pytest.raises(DataLinkError, match="actor died unexpectedly"):
             await link.push(0, 0, 0, _batch())
 
@@ -209,11 +214,8 @@ def test_waiting_for_connections_is_bounded_and_pushes_meanwhile_still_go():
             await answer.wait()  # the receiver's mailbox is held up
             return await server.address(attempt)
 
-        class Slow:
-            data_address = _Method(slow_address)
-
         links = DataLinks(0)
-        link = links.link(Slow(), "r")
+        link = links.link(_AskedBy(slow_address), "r")
         links.connect()
         started = time.monotonic()
         assert not await links.connected(0.05)
@@ -231,15 +233,9 @@ def test_waiting_for_connections_is_bounded_and_pushes_meanwhile_still_go():
 
 def test_a_link_that_fails_to_connect_ends_the_wait_and_is_reported():
     async def main():
-        async def unreachable(attempt):
-            raise RuntimeError("The actor died unexpectedly")
-
-        class Dead:
-            data_address = _Method(unreachable)
-
         failures = []
         links = DataLinks(0, failures.append)
-        link = links.link(Dead(), "subtask 1/1 of 'sink'")
+        link = links.link(_AskedBy(_unreachable), "subtask 1/1 of 'sink'")
         links.connect()
         assert await links.connected(5.0)
         assert link.state is data_plane._LinkState.FAILED
@@ -257,11 +253,8 @@ def test_closing_a_connecting_link_ends_the_wait():
         async def stalled(attempt):
             await never.wait()
 
-        class Stalled:
-            data_address = _Method(stalled)
-
         links = DataLinks(0)
-        link = links.link(Stalled(), "r")
+        link = links.link(_AskedBy(stalled), "r")
         links.connect()
         waiting = asyncio.ensure_future(links.connected(5.0))
         await asyncio.sleep(0.01)
@@ -390,10 +383,7 @@ def test_a_link_closed_while_it_connects_sends_nothing():
             await release.wait()
             return await server.address(attempt)
 
-        class Slow:
-            data_address = _Method(slow_address)
-
-        link = DataLink(Slow(), 0, "r")
+        link = DataLink(_AskedBy(slow_address), 0, "r")
         pending = link.push(0, 0, 0, _batch())
         await asked.wait()
         link.close()
