@@ -55,11 +55,6 @@ from rayflow.outputs import SideOutput
 from rayflow.plan.partitioners import Partitioner, PartitionerSpec
 from rayflow.plan.physical import VertexSpec
 from rayflow.recoverability import classify
-
-try:  # a pyarrow built without Acero fails only at a group_by, as it would anyway
-    import pyarrow.acero  # noqa: F401
-except ImportError:  # pragma: no cover - depends on how pyarrow was built
-    pass
 from rayflow.runtime.barriers import (
     BarrierHandler,
     Snapshot,
@@ -102,6 +97,11 @@ from rayflow.runtime.ray_metrics import EXPORT_INTERVAL_S, SubtaskMetricsExporte
 from rayflow.runtime.restore import StateHandle
 from rayflow.sources import SourceReader
 from rayflow.state import KeyedStateBackend
+
+try:  # a pyarrow built without Acero fails only at a group_by, as it would anyway
+    import pyarrow.acero  # noqa: F401
+except ImportError:  # pragma: no cover - depends on how pyarrow was built
+    pass
 
 __all__ = [
     "CONTROL_GROUP",
