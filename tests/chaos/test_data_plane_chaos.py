@@ -52,11 +52,51 @@ def test_receivers_killed_or_slow_while_senders_connect_are_exactly_once(tmp_pat
             Fault(FaultPoint.AFTER_RECORDS, 2, "Sum", 1, records=30_000),
         ]
     )
-    env, sink = build_keyed_sum(N, P, BATCH, storage=str(tmp_path), plan=plan)
+    asks = str(tmp_path / "asks")
+    hooks = _NotingAsks(plan, asks)
+    env, sink = build_keyed_sum(N, P, BATCH, storage=str(tmp_path / "chk"), plan=hooks)
     assert env.get_data_transport() is DataTransport.SOCKET  # the default
     result = env.execute(unique_job("data-plane-connect"))
     assert result.restarts == 3, result.failures
     _assert_exactly_once(result, sink)
+    # both faults at DURING_CONNECT fired: the first ask of attempt 0, the second of 1
+    noted = Path(asks).read_text().split()
+    assert "0:1" in noted and "1:2" in noted, noted
+
+
+class _NotedAsks(SubtaskHooks):
+    def __init__(self, inner: SubtaskHooks | None, attempt: int, record: str) -> None:
+        self.inner, self.attempt, self.record, self.asks = inner, attempt, record, 0
+
+    def after_records(self, records: int) -> None:
+        if self.inner is not None:
+            self.inner.after_records(records)
+
+    def at(self, point: HookPoint) -> None:
+        if point is HookPoint.DURING_CONNECT:
+            self.asks += 1
+            with open(self.record, "a") as f:  # before the fault: a kill ends the process
+                f.write(f"{self.attempt}:{self.asks}\n")
+        if self.inner is not None:
+            self.inner.at(point)
+
+
+class _NotingAsks(RuntimeHooks):
+    """``plan``, and every ask where to connect that a sum subtask gets, noted in
+    ``record`` as ``attempt:n`` (the n-th ask of that attempt) before the plan's faults."""
+
+    def __init__(self, plan: FaultPlan, record: str) -> None:
+        self.plan, self.record = plan, record
+
+    def for_subtask(self, vertex_name: str, index: int, attempt: int) -> SubtaskHooks | None:
+        inner = self.plan.for_subtask(vertex_name, index, attempt)
+        target = {0: 1, 1: 0}.get(attempt)  # the subtask each attempt's fault is aimed at
+        if "Sum" in vertex_name and index == target:
+            return _NotedAsks(inner, attempt, self.record)
+        return inner
+
+    def for_job_master(self, attempt: int):
+        return self.plan.for_job_master(attempt)
 
 
 @pytest.mark.chaos
