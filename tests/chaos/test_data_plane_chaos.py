@@ -82,8 +82,9 @@ class _NotedAsks(SubtaskHooks):
 
 
 class _NotingAsks(RuntimeHooks):
-    """``plan``, and every ask where to connect that a sum subtask gets, noted in
-    ``record`` as ``attempt:n`` (the n-th ask of that attempt) before the plan's faults."""
+    """``plan``, and every ask where to connect that the sum subtask each attempt's
+    DURING_CONNECT fault is aimed at gets, noted in ``record`` as ``attempt:n`` (the n-th
+    ask of that attempt) before the plan's faults run."""
 
     def __init__(self, plan: FaultPlan, record: str) -> None:
         self.plan, self.record = plan, record
