@@ -172,10 +172,22 @@ def _alive(node: NodeRecord) -> bool:
     return stat is not None and stat[1] == node.start_ticks
 
 
+#: ports :func:`_free_port` handed out in this process
+_GIVEN_PORTS: set[int] = set()
+
+
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
+    """A port free now that this process has not handed out before: the OS may give one
+    ephemeral port to two binds in a row once the first socket is closed, and a node
+    whose GCS and client server were given the same port does not start."""
+    for _ in range(100):
+        with socket.socket() as s:
+            s.bind(("", 0))
+            port = s.getsockname()[1]
+        if port not in _GIVEN_PORTS:
+            _GIVEN_PORTS.add(port)
+            return port
+    raise RuntimeError("found no free port that was not handed out already")
 
 
 def _port_open(address: str) -> bool:

@@ -58,3 +58,27 @@ def test_down_of_a_cluster_whose_processes_are_gone_only_forgets_it(tmp_path):
     assert cluster.status()["up"] is False
     assert cluster.down(grace_s=0, progress=lambda _: None) == 0
     assert cluster.state() is None
+
+
+def test_no_port_is_handed_out_twice_even_when_the_os_gives_one_again(monkeypatch):
+    from rayflow import cluster_local
+
+    ports = iter([41001, 41001, 41001, 41002])
+
+    class _Socket:
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def bind(self, address):
+            self.port = next(ports)
+
+        def getsockname(self):
+            return ("0.0.0.0", self.port)
+
+    monkeypatch.setattr(cluster_local.socket, "socket", _Socket)
+    monkeypatch.setattr(cluster_local, "_GIVEN_PORTS", set())
+    assert cluster_local._free_port() == 41001
+    assert cluster_local._free_port() == 41002  # the OS gave 41001 twice more: skipped
