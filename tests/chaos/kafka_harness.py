@@ -307,6 +307,21 @@ def held_back(broker, topic: str) -> str:
     return f"stable offsets {stable}; past them (partition, writer:sequence): {dict(found)}"
 
 
+def copies_of(messages: list, duplicated: dict[int, int]) -> str:
+    """Where the copies of duplicated values are: per (partition, writer:sequence of the
+    commit that produced them, from the recovery header), how many and at which offsets.
+    The same writer and sequence twice means one committable was committed twice."""
+    where: dict[tuple[int, str], list[int]] = {}
+    for m in messages:
+        if int(m.value()) in duplicated:
+            tag = dict(m.headers() or []).get("rf.txn", b"?").decode().rsplit(":", 1)[0]
+            where.setdefault((m.partition(), tag), []).append(m.offset())
+    return "copies (partition, writer:sequence): " + ", ".join(
+        f"{key}: {len(offsets)} at {min(offsets)}..{max(offsets)}"
+        for key, offsets in sorted(where.items())
+    )
+
+
 def check_topic(run: KafkaChaosRun, broker, topic: str) -> None:
     try:
         messages = broker.read(topic, timeout_s=60)
@@ -326,7 +341,7 @@ def check_topic(run: KafkaChaosRun, broker, topic: str) -> None:
         first = sorted(duplicated)[:5]
         run.problems.append(
             f"{sum(c - 1 for c in duplicated.values())} duplicates of {len(duplicated)} "
-            f"values (first {first})"
+            f"values (first {first}); {copies_of(messages, duplicated)}"
         )
     if extra:
         run.problems.append(f"{len(extra)} values not in the input")

@@ -279,6 +279,33 @@ def test_tansu_deviation_open_transaction_holds_back_other_producers(kafka_broke
     assert kafka_broker.read_values(second) == [b"b-later"]
 
 
+def test_tansu_deviation_open_transaction_holds_back_other_producers_offset_commits(
+    kafka_broker, kafka_topic
+):
+    """Kafka: offsets a transaction commits for a group are read back (by a
+    ``read_committed`` consumer) once it commits; another producer's open transaction
+    does not matter. Tansu: while producer A has a transaction open, the offsets sent by
+    producer B's committed transactions that wrote to a partition behind A's stay unread
+    (none, or older ones, are read) until A's ends. So a marker read can lag behind what
+    was committed."""
+    group, member = _group(kafka_broker)
+    a = _transactional(kafka_broker)
+    a.begin_transaction()
+    a.produce(kafka_topic, b"a-open", partition=0)
+    a.flush(30)
+    b = _transactional(kafka_broker)
+    for offset in (1, 2):
+        b.begin_transaction()
+        b.produce(kafka_topic, b"b", partition=0)  # behind A's open transaction
+        b.send_offsets_to_transaction(
+            [TopicPartition(kafka_topic, 0, offset)], member.consumer_group_metadata(), 30
+        )
+        b.commit_transaction(30)
+    assert _committed(kafka_broker, group, kafka_topic) < 0  # Kafka: 2
+    a.commit_transaction(30)
+    assert _committed(kafka_broker, group, kafka_topic) == 2
+
+
 def test_tansu_deviation_offsets_for_times_ignores_the_timestamp(kafka_broker, kafka_topic):
     """Kafka: the earliest offset whose timestamp is >= the one asked for (-1: none).
     Tansu: offset 0 whatever the timestamp."""

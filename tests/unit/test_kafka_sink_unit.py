@@ -209,6 +209,42 @@ def test_schedule_zombie_of_an_older_attempt_retries_a_commit_a_newer_one_died_i
     assert _values(kafka_broker, kafka_topic) == list(range(12))
 
 
+def test_schedule_two_committed_commits_restored_while_another_writer_held_the_marker_back(
+    kafka_broker, kafka_topic
+):
+    """Writer 1 dies inside a commit with its records sent (its transaction stays open).
+    Writer 0 then commits two committables (a checkpoint whose notification came after the
+    next barrier holds both), and the job restarts from that checkpoint. On the test broker
+    writer 1's open transaction holds writer 0's commit marker back
+    (``test_tansu_deviation_open_transaction_holds_back_other_producers_offset_commits``):
+    writer 0's restored committer reads a marker that covers neither, and writer 1's
+    restart ends the open transaction right after. The restored commit of the first
+    finds all of its records; the second, committed too, must not be produced again."""
+    sink = _sink(kafka_broker, kafka_topic)
+    dying = _context(subtask=1, hooks=_Hooks(crash_at=1))
+    other = _committable(sink, dying, 0, range(100, 104))
+    with pytest.raises(Crash):
+        _committer(sink, dying).commit(other)  # writer 1's transaction stays open
+    first = _committable(sink, _context(), 0, range(0, 5))
+    second = _committable(sink, _context(), 1, range(5, 13))
+    old = _committer(sink, _context())
+    assert old.commit(first).done and old.commit(second).done
+    restored = _committer(_sink(kafka_broker, kafka_topic), _context())
+    read_marker = restored._read_marker
+
+    def marker_then_writer_1_restarts(committable):
+        marker = read_marker(committable)
+        assert marker == 0  # held back: neither commit is covered
+        # writer 1's restart: initialising its id ends its open transaction
+        assert _committer(_sink(kafka_broker, kafka_topic), _context(subtask=1)).commit(other).done
+        return marker
+
+    restored._read_marker = marker_then_writer_1_restarts
+    assert restored.commit(first).done
+    assert restored.commit(second).done
+    assert _values(kafka_broker, kafka_topic) == list(range(13)) + list(range(100, 104))
+
+
 def test_recovery_scan_that_keeps_reading_is_not_cut_off(kafka_broker, kafka_topic, monkeypatch):
     """A restored commit looks for its records from the end offsets at its pre-commit; a
     job restored long after (other producers wrote much to the topic meanwhile) reads a

@@ -57,18 +57,24 @@ Tansu 0.6, does: tests/unit/test_kafka_broker.py). At pre-commit, the writer put
 committable a lower bound of where its records can land: the end offset of each partition
 then (``start_offsets``; no record of it exists before its pre-commit, and end offsets
 only grow). Every record carries a header ``rf.txn`` = ``<writer>:<sequence>:<index>``.
-The first commit of each run by a producer that has just called ``init_transactions()``
-(the only one that can find an ended transaction's records: commits of one writer are in
-order, so the open transaction was of the first sequence the marker does not cover) reads
-the topic from the committable's start offsets (with ``read_committed``, up to its end)
-and produces only the records of that committable that are not visible yet: none on
+A producer that has just called ``init_transactions()`` reads, before each commit of a
+run, the topic from the committable's start offsets (with ``read_committed``, up to its
+end) and produces only the records of that committable that are not visible yet: none on
 Apache Kafka (the crashed transaction was aborted), the missing ones on a broker that
-exposed it. The lower bound lives in the checkpoint: no other attempt, and no zombie of
-an older one, can move it. (Format-1 committables, written before it existed, fall back
-to the ``<transactional.id>.<run>.intent`` group an older version wrote before producing,
-else to the start of each partition.) A commit that
-fails half way (a timeout, a lost connection) is never aborted (an abort can expose records
-on such a broker too): its producer is dropped, and the next try recovers as above.
+exposed it. It stops looking once a commit found none of its records: commits of one
+writer are in order, so no later sequence was committed either. On Apache Kafka that is
+the first commit (the marker covers every committed sequence, and the open transaction
+was of the first one it does not cover); on the test broker the marker read can lag
+behind what was committed (another producer's open transaction holds transactional
+offset commits back:
+``test_tansu_deviation_open_transaction_holds_back_other_producers_offset_commits``), so
+the sequences after the first may have been committed too. The lower bound lives in the
+checkpoint: no other attempt, and no zombie of an older one, can move it. (Format-1
+committables, written before it existed, fall back to the ``<transactional.id>.<run>.intent``
+group an older version wrote before producing, else to the start of each partition.) A
+commit that fails half way (a timeout, a lost connection) is never aborted (an abort can
+expose records on such a broker too): its producer is dropped, and the next try recovers
+as above.
 
 Stale attempts: the runtime checks the attempt's fence before each commit (and
 ``abort_lingering`` before it initialises an id), replaces a subtask actor that still runs
@@ -103,6 +109,11 @@ Failure schedules (who dies right after which step) and what recovery sees:
 - after ``commit_transaction`` returned, before the runtime recorded it: the marker says
   committed: ALREADY_COMMITTED, nothing produced (chaos: SINK_DURING_COMMIT; unit:
   ``test_schedule_commit_repeated_after_it_succeeded``);
+- after two commits of a checkpoint that held two committables (a notification that came
+  after the next barrier), while another writer's open transaction held the marker back:
+  the restored commits find their records, one after the other, and produce none (chaos:
+  the Kafka plans, where a sink subtask dies inside a commit while the other commits;
+  unit: ``test_schedule_two_committed_commits_restored_while_another_writer_held_the_marker_back``);
 - between two commits of one writer, or inside the second: the first is recognised, the
   second recovered (unit: ``test_schedule_killed_between_two_commits_of_a_checkpoint``);
 - a commit that must wait (RETRY_LATER) holds back the writer's later ones, which would
@@ -493,8 +504,9 @@ class _Writer:
     #: run -> the next sequence to commit (the marker), as read or as last committed
     markers: dict[str, int] = field(default_factory=dict)
     #: runs whose next commit must first look for records an earlier producer of the id
-    #: sent (every run this producer has not committed for yet: its init_transactions
-    #: ended whatever transaction was open, which Tansu exposes instead of aborting)
+    #: sent: every run until a commit of this producer found none of its records there
+    #: (its init_transactions ended whatever transaction was open, which Tansu exposes
+    #: instead of aborting; and the marker read may lag behind what was committed)
     recovering: set[str] = field(default_factory=set)
 
 
@@ -764,7 +776,10 @@ class _KafkaCommitter(Committer[KafkaCommittable]):
         except Exception as exc:  # noqa: BLE001 - a client error: classified
             raise self._classify(f"commit of {self.committable_id(c)}", exc) from None
         writer.markers[c.run] = c.sequence + 1
-        writer.recovering.discard(c.run)
+        if not skip:
+            # none of its records was there: no earlier producer committed it, nor (in
+            # order) any later one; from here on this producer's commits are the only ones
+            writer.recovering.discard(c.run)
         self._waiting.pop((c.transactional_id, c.run), None)
         return CommitOutcome.committed()
 
