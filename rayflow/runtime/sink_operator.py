@@ -475,17 +475,15 @@ class TwoPhaseCommitSinkOperator(Operator):
             # Of a completed checkpoint, not yet committed by ``recover`` (whose thread may
             # still run: a repeated commit is recognised). ``restored`` is read before
             # ``due``: a committable ``recover`` moves between them is in one or both.
-            for committable in list(self.restored):
-                self._commit_in_clean_up(committable)
-            self.restored = []
-            for entry in list(self.due):
-                self._commit_in_clean_up(entry.committable)
-            self.due = []
+            completed = list(self.restored) + [entry.committable for entry in self.due]
             for cid in sorted(self.pending):
-                for committable in self.pending[cid]:
-                    if latest_completed is not None and cid <= latest_completed:
-                        self._commit_in_clean_up(committable)
-                    else:
+                if latest_completed is not None and cid <= latest_completed:
+                    completed.extend(self.pending[cid])
+            self._commit_in_clean_up(completed)
+            self.restored, self.due = [], []
+            for cid in sorted(self.pending):
+                if latest_completed is None or cid > latest_completed:
+                    for committable in self.pending[cid]:
                         self.committer.abort(committable)
             self.pending = {}
             for committable in self.rolled:
@@ -503,18 +501,37 @@ class TwoPhaseCommitSinkOperator(Operator):
         finally:
             self._close_clients()
 
-    def _commit_in_clean_up(self, committable: Any) -> None:
-        entry = _Due(committable)
-        while True:
-            outcome = self._try_commit(committable, fenced=False)
-            if outcome.done:
-                self._committed_one()
-                return
-            if outcome.status is CommitStatus.FAILED:
-                raise self._failure(committable, outcome)
+    def _commit_in_clean_up(self, committables: list[Any]) -> None:
+        """Commit ``committables``, trying each in turn, again and again, until all are
+        committed. Their order in the lists need not be the one the committer needs (a
+        Kafka writer's are committed in sequence order; ``due`` may hold an earlier one
+        than ``restored``): a round in which one was committed counts no retry for the
+        others, only a round without any progress does (then waits out the backoff)."""
+        entries = [_Due(committable) for committable in committables]
+        while entries:
             now = time.monotonic()
-            self._note_retry(entry, outcome, now)
-            time.sleep(max(0.0, entry.next_try_at - now))  # a clean-up thread, not the mailbox
+            waiting: list[_Due] = []
+            answers: list[tuple[_Due, CommitOutcome]] = []
+            for entry in entries:
+                if entry.next_try_at > now:
+                    waiting.append(entry)
+                    continue
+                outcome = self._try_commit(entry.committable, fenced=False)
+                if outcome.done:
+                    self._committed_one()
+                    continue
+                if outcome.status is CommitStatus.FAILED:
+                    raise self._failure(entry.committable, outcome)
+                answers.append((entry, outcome))
+                waiting.append(entry)
+            progressed = len(waiting) < len(entries)
+            entries = waiting
+            if progressed or not entries:
+                continue
+            for entry, outcome in answers:
+                self._note_retry(entry, outcome, now)
+            wake = min(entry.next_try_at for entry in entries)
+            time.sleep(max(0.0, wake - time.monotonic()))  # a clean-up thread, not the mailbox
 
     def close(self) -> None:
         """Abort the open transaction (a failed or cancelled attempt); pre-committed ones

@@ -360,6 +360,119 @@ def test_commits_of_one_writer_stay_in_order(kafka_broker, kafka_topic, monkeypa
     assert _values(kafka_broker, kafka_topic) == list(range(6))
 
 
+def test_commits_stay_in_order_when_the_marker_cannot_be_read(kafka_broker, kafka_topic):
+    """The first commit of a restored writer cannot read its marker (the group coordinator
+    is still loading, a timeout): RETRY_LATER. A restore goes on to the next committable,
+    which must wait too: committed first, it would move the marker past the first one,
+    whose retry would then answer ALREADY_COMMITTED and its records would be lost."""
+    from rayflow.connectors.kafka.sink import _Retry
+
+    sink = _sink(kafka_broker, kafka_topic)
+    first = _committable(sink, _context(), 0, range(0, 5))
+    second = _committable(sink, _context(), 1, range(5, 9))
+    committer = _committer(sink, _context())
+    real = committer._read_marker
+    calls = []
+
+    def flaky(c):
+        calls.append(c.sequence)
+        if len(calls) == 1:
+            raise _Retry("reading the commit marker: coordinator loading")
+        return real(c)
+
+    committer._read_marker = flaky
+    assert committer.commit(first).status is CommitStatus.RETRY_LATER
+    assert committer.commit(second).status is CommitStatus.RETRY_LATER
+    assert committer.commit(first).done and committer.commit(second).done
+    assert _values(kafka_broker, kafka_topic) == list(range(9))
+
+
+def test_schedule_commit_answered_with_an_error_after_the_broker_committed_it(
+    kafka_broker, kafka_topic, monkeypatch
+):
+    """``commit_transaction`` fails (a timeout) although the broker committed the
+    transaction. The retry finds it committed (ALREADY_COMMITTED); the writer's next
+    committables must not keep waiting for it."""
+    from rayflow.connectors.kafka import sink as kafka_sink
+
+    real_producer = kafka_sink.KafkaSink._producer
+    made = []
+
+    class CommitsThenTimesOut:
+        def __init__(self, producer):
+            self.producer = producer
+
+        def commit_transaction(self, timeout=None):
+            self.producer.commit_transaction(timeout)
+            if len(made) == 1:
+                raise ck.KafkaException(ck.KafkaError(ck.KafkaError._TIMED_OUT, "timed out"))
+
+        def __getattr__(self, name):
+            return getattr(self.producer, name)
+
+    def producer(self, label, overrides):
+        made.append(label)
+        return CommitsThenTimesOut(real_producer(self, label, overrides))
+
+    monkeypatch.setattr(kafka_sink.KafkaSink, "_producer", producer)
+    sink = _sink(kafka_broker, kafka_topic)
+    first = _committable(sink, _context(), 0, range(0, 5))
+    second = _committable(sink, _context(), 1, range(5, 9))
+    committer = _committer(sink, _context())
+    assert committer.commit(first).status is CommitStatus.RETRY_LATER
+    assert committer.commit(first).status is CommitStatus.ALREADY_COMMITTED
+    assert committer.commit(second).status is CommitStatus.COMMITTED
+    assert _values(kafka_broker, kafka_topic) == list(range(9))
+
+
+def test_a_scan_held_back_on_one_partition_ends_while_others_get_records(
+    kafka_broker, kafka_topic, monkeypatch
+):
+    """A restored commit's scan cannot read one partition to its end (an open transaction
+    of another producer holds it back) while other producers keep writing to another
+    partition, already read to its end. Records the scan does not need must not keep it
+    waiting: it answers RETRY_LATER once the held-back partition gave nothing for the
+    scan timeout."""
+    import threading
+
+    from rayflow.connectors.kafka import sink as kafka_sink
+
+    monkeypatch.setattr(kafka_sink, "_SCAN_TIMEOUT_S", 1.0)
+    sink = _sink(kafka_broker, kafka_topic)
+    c = _committable(sink, _context(), 0, range(5))
+    stuck = ck.Producer(
+        kafka_broker.config(**{"transactional.id": f"stuck-{uuid.uuid4().hex[:8]}"})
+    )
+    stuck.init_transactions(30)
+    stuck.begin_transaction()
+    stuck.produce(kafka_topic, b"held", partition=0)
+    stuck.flush(30)
+    stop = threading.Event()
+
+    def keep_writing() -> None:
+        plain = ck.Producer(kafka_broker.config())
+        while not stop.is_set():
+            plain.produce(kafka_topic, b"1000", partition=1)
+            plain.flush(10)
+            time.sleep(0.2)
+
+    writer = threading.Thread(target=keep_writing, daemon=True)
+    writer.start()
+    answers = []
+    committing = threading.Thread(
+        target=lambda: answers.append(_committer(sink, _context()).commit(c)), daemon=True
+    )
+    try:
+        committing.start()
+        committing.join(15)
+        assert answers and answers[0].status is CommitStatus.RETRY_LATER
+    finally:
+        stop.set()
+        writer.join(10)
+        committing.join(30)
+        stuck.commit_transaction(30)  # (leave nothing open for the tests that follow)
+
+
 def test_runs_and_writers_have_their_own_markers(kafka_broker, kafka_topic):
     """A new run of the job (sequences start again) and another subtask's writer are not
     mistaken for what was committed already."""

@@ -482,6 +482,45 @@ def test_cancel_clean_up_runs_after_the_fence_is_revoked():
     assert COMMITTED == ["s0-t0-c1"] and swept == [0]
 
 
+def test_cancel_clean_up_commits_in_the_order_the_committer_needs(monkeypatch):
+    """A committer that commits one writer's committables only in order (Kafka's marker:
+    a later one answers RETRY_LATER until the earlier one is committed). The restore's
+    first committable answered RETRY_LATER and is due; the recovery thread had not reached
+    the second when the job was cancelled. The clean-up commits both, in either order of
+    its lists, within its retries."""
+
+    class InOrder(_Committer):
+        def commit(self, committable: str) -> CommitOutcome:
+            if ANSWERS:
+                return ANSWERS.pop(0)
+            sequence = int(committable.split("-t")[1].split("-")[0])
+            if sequence > len(COMMITTED):
+                return CommitOutcome.retry_later(f"sequence {len(COMMITTED)} first")
+            if sequence < len(COMMITTED):
+                return CommitOutcome.already_committed()
+            COMMITTED.append(committable)
+            return CommitOutcome.committed()
+
+    class InOrderSink(MemorySink):
+        def create_committer(self, context):
+            return InOrder()
+
+    monkeypatch.setattr(sink_operator.time, "sleep", lambda seconds: None)  # a clean-up thread
+    op = operator(InOrderSink(EO), FakeTimers(), CommitRetryPolicy(max_retries=2))
+    op.process(rows())
+    op.snapshot_state(1)
+    op.process(rows())
+    state = op.snapshot_state(2)  # both pending: checkpoint 1's notification never came
+    restored = operator(InOrderSink(EO), FakeTimers(), CommitRetryPolicy(max_retries=2))
+    restored.restore_state([state])
+    first, second = restored.restored
+    # the recovery thread: the first answered RETRY_LATER (now due); cancelled before the second
+    restored.due = [sink_operator._Due(first, tries=1)]
+    restored.restored = [second]
+    restored.on_cancel(latest_completed=2)
+    assert COMMITTED == [first, second]
+
+
 def test_direct_use_keeps_its_writers_in_a_slot_that_never_travels(tmp_path):
     import gc
     import weakref

@@ -659,26 +659,37 @@ class _KafkaCommitter(Committer[KafkaCommittable]):
             reader.assign([tp(committable.topic, p, start.get(p, 0)) for p in todo])
             found: set[int] = set()
             deadline = time.monotonic() + _SCAN_TIMEOUT_S
+            #: partition -> since when the reader has stood at its stable end, short of
+            #: the scan's end: an open transaction holds the rest back
+            held: dict[int, float] = {}
             while todo:
-                if time.monotonic() > deadline:
+                now = time.monotonic()
+                stuck = sorted(p for p, since in held.items() if now - since > _SCAN_TIMEOUT_S)
+                if now > deadline or stuck:
                     raise _Retry(
                         f"looking for records of {self.committable_id(committable)} that an "
-                        f"earlier attempt produced: partitions {sorted(todo)} of "
+                        f"earlier attempt produced: partitions {stuck or sorted(todo)} of "
                         f"{committable.topic!r} gave nothing for {_SCAN_TIMEOUT_S:.0f} s "
                         "short of their end (held back by an open transaction?)"
                     )
                 messages = reader.consume(1000, 0.2)
-                if messages:
+                if any(msg.partition() in todo for msg in messages):
+                    # progress where the scan still reads (records on partitions read to
+                    # their end already say nothing of one that is held back)
                     deadline = time.monotonic() + _SCAN_TIMEOUT_S
                 for msg in messages:
                     error = msg.error()
                     if error is None:
+                        held.pop(msg.partition(), None)
                         for key, value in msg.headers() or ():
                             if key == RECOVERY_HEADER and value and value.startswith(prefix):
                                 found.add(int(value[len(prefix) :]))
                     elif error.code() == ck.KafkaError._PARTITION_EOF:
                         if msg.offset() >= ends.get(msg.partition(), 0):
                             todo.discard(msg.partition())
+                            held.pop(msg.partition(), None)
+                        else:  # others keep writing elsewhere: this one must not wait forever
+                            held.setdefault(msg.partition(), time.monotonic())
                     elif error.fatal():
                         raise _Retry(f"reading {committable.topic!r}: {error.str()}")
             return found
@@ -715,17 +726,21 @@ class _KafkaCommitter(Committer[KafkaCommittable]):
                     self._release()
 
     def _commit(self, c: KafkaCommittable) -> CommitOutcome:
-        writer = self._writer(c, c.run)
-        marker = writer.markers[c.run]
-        if c.sequence < marker:
-            return CommitOutcome.already_committed(
-                f"the commit marker of {c.transactional_id} says sequence {marker - 1} is committed"
-            )
+        # The writer's lowest sequence not known to be committed holds back the later ones
+        # from its first try on, whatever step of it fails (even the marker's read):
+        # committed first, a later one would move the marker past it.
         key = (c.transactional_id, c.run)
         waiting = self._waiting.setdefault(key, c.sequence)
         if waiting < c.sequence:
             raise _NotYet(f"sequence {waiting} of {c.transactional_id} is not committed yet")
         self._waiting[key] = c.sequence
+        writer = self._writer(c, c.run)
+        marker = writer.markers[c.run]
+        if c.sequence < marker:
+            self._waiting.pop(key, None)
+            return CommitOutcome.already_committed(
+                f"the commit marker of {c.transactional_id} says sequence {marker - 1} is committed"
+            )
         table = c.table()
         skip: set[int] = set()
         if c.run in writer.recovering:
