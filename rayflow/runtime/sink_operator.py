@@ -506,7 +506,8 @@ class TwoPhaseCommitSinkOperator(Operator):
         committed. Their order in the lists need not be the one the committer needs (a
         Kafka writer's are committed in sequence order; ``due`` may hold an earlier one
         than ``restored``): a round in which one was committed counts no retry for the
-        others, only a round without any progress does (then waits out the backoff)."""
+        others and gives them their whole budget again (they may have waited on it); only
+        a round without any progress counts one (then waits out the backoff)."""
         entries = [_Due(committable) for committable in committables]
         while entries:
             now = time.monotonic()
@@ -526,7 +527,11 @@ class TwoPhaseCommitSinkOperator(Operator):
                 waiting.append(entry)
             progressed = len(waiting) < len(entries)
             entries = waiting
-            if progressed or not entries:
+            if progressed:
+                for entry in entries:  # what waited on the one committed starts afresh
+                    entry.tries = 0
+                continue
+            if not entries:
                 continue
             for entry, outcome in answers:
                 self._note_retry(entry, outcome, now)

@@ -387,6 +387,34 @@ def test_commits_stay_in_order_when_the_marker_cannot_be_read(kafka_broker, kafk
     assert _values(kafka_broker, kafka_topic) == list(range(9))
 
 
+def test_a_commit_repeated_after_it_succeeded_keeps_a_later_one_waiting(kafka_broker, kafka_topic):
+    """The second committable cannot be committed now (RETRY_LATER before its producer is
+    ready); then the first, committed already, is committed again (ALREADY_COMMITTED).
+    The second still holds the third back: committed first, the third would move the
+    marker past the second, whose retry would answer ALREADY_COMMITTED (records lost)."""
+    from rayflow.connectors.kafka.sink import _Retry
+
+    sink = _sink(kafka_broker, kafka_topic)
+    c0, c1, c2 = (_committable(sink, _context(), s, range(3 * s, 3 * s + 3)) for s in range(3))
+    committer = _committer(sink, _context())
+    real = committer._writer
+    failed = []
+
+    def flaky(c, run):
+        if c.sequence == 1 and not failed:
+            failed.append(c.sequence)
+            raise _Retry("init_transactions: timed out")
+        return real(c, run)
+
+    committer._writer = flaky
+    assert committer.commit(c0).status is CommitStatus.COMMITTED
+    assert committer.commit(c1).status is CommitStatus.RETRY_LATER
+    assert committer.commit(c0).status is CommitStatus.ALREADY_COMMITTED
+    assert committer.commit(c2).status is CommitStatus.RETRY_LATER
+    assert committer.commit(c1).done and committer.commit(c2).done
+    assert _values(kafka_broker, kafka_topic) == list(range(9))
+
+
 def test_schedule_commit_answered_with_an_error_after_the_broker_committed_it(
     kafka_broker, kafka_topic, monkeypatch
 ):

@@ -521,6 +521,40 @@ def test_cancel_clean_up_commits_in_the_order_the_committer_needs(monkeypatch):
     assert COMMITTED == [first, second]
 
 
+def test_cancel_clean_up_gives_a_committable_its_retries_after_the_one_it_waited_on(
+    monkeypatch,
+):
+    """In the clean-up, the second committable answers RETRY_LATER while the first is not
+    committed (which needs two retries of its own), then needs two retries of its own:
+    the retries spent waiting on the first do not count against it."""
+    script = {0: ["busy", "busy"], 1: ["busy", "busy"]}
+
+    class InOrder(_Committer):
+        def commit(self, committable: str) -> CommitOutcome:
+            sequence = int(committable.split("-t")[1].split("-")[0])
+            if sequence > len(COMMITTED):
+                return CommitOutcome.retry_later(f"sequence {len(COMMITTED)} first")
+            if sequence < len(COMMITTED):
+                return CommitOutcome.already_committed()
+            if script[sequence]:
+                return CommitOutcome.retry_later(script[sequence].pop(0))
+            COMMITTED.append(committable)
+            return CommitOutcome.committed()
+
+    class InOrderSink(MemorySink):
+        def create_committer(self, context):
+            return InOrder()
+
+    monkeypatch.setattr(sink_operator.time, "sleep", lambda seconds: None)  # a clean-up thread
+    op = operator(InOrderSink(EO), FakeTimers(), CommitRetryPolicy(max_retries=2))
+    op.process(rows())
+    op.snapshot_state(1)
+    op.process(rows())
+    op.snapshot_state(2)
+    op.on_cancel(latest_completed=2)
+    assert [c.split("-c")[0] for c in COMMITTED] == ["s0-t0", "s0-t1"]
+
+
 def test_direct_use_keeps_its_writers_in_a_slot_that_never_travels(tmp_path):
     import gc
     import weakref

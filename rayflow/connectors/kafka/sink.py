@@ -117,7 +117,14 @@ Failure schedules (who dies right after which step) and what recovery sees:
 - between two commits of one writer, or inside the second: the first is recognised, the
   second recovered (unit: ``test_schedule_killed_between_two_commits_of_a_checkpoint``);
 - a commit that must wait (RETRY_LATER) holds back the writer's later ones, which would
-  otherwise move the marker past it (unit: ``test_commits_of_one_writer_stay_in_order``);
+  otherwise move the marker past it, from its first try on, even when that try could not
+  read the marker, and again after an earlier one is committed again (unit:
+  ``test_commits_of_one_writer_stay_in_order``,
+  ``test_commits_stay_in_order_when_the_marker_cannot_be_read``,
+  ``test_a_commit_repeated_after_it_succeeded_keeps_a_later_one_waiting``); a commit its
+  retry finds committed (``commit_transaction`` failed after the broker committed) no
+  longer holds them back
+  (``test_schedule_commit_answered_with_an_error_after_the_broker_committed_it``);
 - a commit stalled while its attempt ends (its thread outlives the attempt): the next
   attempt's committer waits for the id's lock or is in another process; either the stalled
   commit completes first (the marker says so) or its producer is fenced (chaos: the stall
@@ -140,6 +147,14 @@ later init or commit ends, holding read_committed readers back for good
 such a request). The committer never initialises an id while a producer it dropped still
 has requests in flight (``_drop`` waits for them); the last requests of a killed process
 are out of its hands.
+
+A restored commit's scan answers RETRY_LATER (and is tried again, as the sink's commit
+retry policy says) when a partition stays short of the scan's end for 10 s with no
+progress: held back by a transaction another producer keeps open, whatever other
+partitions deliver meanwhile
+(``test_a_scan_held_back_on_one_partition_ends_while_others_get_records``). A topic shared
+with producers whose transactions stay open longer than the retries last fails the
+attempt instead of waiting for them.
 
 Readers must use ``isolation.level=read_committed``. The marker groups hold one committed
 offset each per writer and run; they are never joined. Secrets in the settings never
@@ -659,12 +674,12 @@ class _KafkaCommitter(Committer[KafkaCommittable]):
             reader.assign([tp(committable.topic, p, start.get(p, 0)) for p in todo])
             found: set[int] = set()
             deadline = time.monotonic() + _SCAN_TIMEOUT_S
-            #: partition -> since when the reader has stood at its stable end, short of
-            #: the scan's end: an open transaction holds the rest back
-            held: dict[int, float] = {}
+            #: partition -> (its stable end, since when the reader has stood there) while
+            #: that is short of the scan's end: an open transaction holds the rest back
+            held: dict[int, tuple[int, float]] = {}
             while todo:
                 now = time.monotonic()
-                stuck = sorted(p for p, since in held.items() if now - since > _SCAN_TIMEOUT_S)
+                stuck = sorted(p for p, (_, t) in held.items() if now - t > _SCAN_TIMEOUT_S)
                 if now > deadline or stuck:
                     raise _Retry(
                         f"looking for records of {self.committable_id(committable)} that an "
@@ -688,8 +703,11 @@ class _KafkaCommitter(Committer[KafkaCommittable]):
                         if msg.offset() >= ends.get(msg.partition(), 0):
                             todo.discard(msg.partition())
                             held.pop(msg.partition(), None)
-                        else:  # others keep writing elsewhere: this one must not wait forever
-                            held.setdefault(msg.partition(), time.monotonic())
+                        elif held.get(msg.partition(), (-1, 0.0))[0] < msg.offset():
+                            # short of the end, at a new place (a transaction ended): from
+                            # now on, nothing more for the scan timeout is no progress,
+                            # whatever other partitions deliver
+                            held[msg.partition()] = (msg.offset(), time.monotonic())
                     elif error.fatal():
                         raise _Retry(f"reading {committable.topic!r}: {error.str()}")
             return found
@@ -729,15 +747,15 @@ class _KafkaCommitter(Committer[KafkaCommittable]):
         # The writer's lowest sequence not known to be committed holds back the later ones
         # from its first try on, whatever step of it fails (even the marker's read):
         # committed first, a later one would move the marker past it.
-        key = (c.transactional_id, c.run)
-        waiting = self._waiting.setdefault(key, c.sequence)
-        if waiting < c.sequence:
+        ordered = (c.transactional_id, c.run)
+        waiting = self._waiting.get(ordered)
+        if waiting is not None and waiting < c.sequence:
             raise _NotYet(f"sequence {waiting} of {c.transactional_id} is not committed yet")
-        self._waiting[key] = c.sequence
+        self._waiting[ordered] = c.sequence
         writer = self._writer(c, c.run)
         marker = writer.markers[c.run]
         if c.sequence < marker:
-            self._waiting.pop(key, None)
+            self._done_waiting(ordered, c.sequence, waiting)
             return CommitOutcome.already_committed(
                 f"the commit marker of {c.transactional_id} says sequence {marker - 1} is committed"
             )
@@ -791,12 +809,20 @@ class _KafkaCommitter(Committer[KafkaCommittable]):
         except Exception as exc:  # noqa: BLE001 - a client error: classified
             raise self._classify(f"commit of {self.committable_id(c)}", exc) from None
         writer.markers[c.run] = c.sequence + 1
+        self._done_waiting(ordered, c.sequence, waiting)
         if not skip:
             # none of its records was there: no earlier producer committed it, nor (in
             # order) any later one; from here on this producer's commits are the only ones
             writer.recovering.discard(c.run)
-        self._waiting.pop((c.transactional_id, c.run), None)
         return CommitOutcome.committed()
+
+    def _done_waiting(self, key: tuple[str, str], sequence: int, before: int | None) -> None:
+        """``sequence`` is committed: a higher one that was waiting (RETRY_LATER) before it
+        came holds the writer's later ones back again."""
+        if before is not None and before > sequence:
+            self._waiting[key] = before
+        else:
+            self._waiting.pop(key, None)
 
     def abort(self, committable: KafkaCommittable) -> None:
         """Nothing to do: an uncommitted committable's records were never sent."""
