@@ -16,7 +16,9 @@ checkpoint, even after the job master died and a new one took over.
 message to and from a subtask carries its attempt and is dropped by the other side
 when the attempt is not current. Subtask actors that survive a failed attempt are
 reused for the next one only when no thread of the old attempt still runs in them;
-otherwise they are killed, and the next attempt starts only once they are dead.
+otherwise they are killed, and the next attempt starts only once their processes have
+exited (:mod:`rayflow.runtime.actor_exit`: Ray reports a killed actor dead a few
+milliseconds before its threads stop).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import time
 from typing import Any
 
 import ray
-from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
+from ray.exceptions import RayActorError, RayTaskError
 
 from rayflow.checkpoint.coordinator import (
     CheckpointCoordinator,
@@ -42,6 +44,7 @@ from rayflow.errors import JobCancelledError, JobFailedError, OperatorError
 from rayflow.failures import Failure, first_line, worth_logging
 from rayflow.plan.physical import JobGraph
 from rayflow.recoverability import classify
+from rayflow.runtime.actor_exit import ActorsStillAlive, kill_and_wait
 from rayflow.runtime.deployer import Deployer
 from rayflow.runtime.hooks import HookPoint
 from rayflow.runtime.output import OutputAck, OutputChunk, OutputCollector
@@ -170,52 +173,6 @@ def _rss_bytes() -> int | None:
         return psutil.Process().memory_info().rss
     except Exception:  # noqa: BLE001 - not available here
         return None
-
-
-#: A killed actor that cannot be reached for this long counts as gone (its node is lost
-#: and not yet declared dead; Ray offers no surer proof across a partition).
-UNREACHABLE_IS_GONE_S = 10.0
-
-
-class ActorsStillAlive(RuntimeError):
-    """Killed actors did not die in time: the next attempt must not start beside them."""
-
-
-async def kill_and_wait(actors: Any, timeout_s: float = 30.0) -> None:
-    """Kill actors and return once each is dead: after this no thread of theirs writes
-    anything. Raises :class:`ActorsStillAlive` when one still answers after ``timeout_s``."""
-    actors = list(actors)
-    for actor in actors:
-        try:
-            ray.kill(actor, no_restart=True)
-        except Exception:  # noqa: BLE001 - already gone
-            pass
-
-    async def dead(actor: Any) -> bool:
-        deadline = time.monotonic() + timeout_s
-        unreachable_since: float | None = None
-        while time.monotonic() < deadline:
-            try:
-                await asyncio.wait_for(actor.ready.remote(), timeout=1.0)
-                unreachable_since = None
-            except ActorUnavailableError:
-                # Unreachable: maybe alive behind a network fault, maybe on a node that is
-                # gone and not yet declared dead. Killed, and unreachable for a while: gone.
-                now = time.monotonic()
-                unreachable_since = unreachable_since or now
-                if now - unreachable_since >= UNREACHABLE_IS_GONE_S:
-                    return True
-            except RayActorError:
-                return True
-            except Exception:  # noqa: BLE001 - still going away
-                pass
-            await asyncio.sleep(0.05)
-        return False
-
-    if actors:
-        alive = [a for a, gone in zip(actors, await asyncio.gather(*map(dead, actors))) if not gone]
-        if alive:
-            raise ActorsStillAlive(f"{len(alive)} killed subtask actor(s) still answer")
 
 
 @ray.remote(max_restarts=0, max_task_retries=0)

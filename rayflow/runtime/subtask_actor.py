@@ -16,6 +16,7 @@ them; ``Subtask`` hops them over to the mailbox's event loop where they touch it
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import ray
@@ -127,6 +128,11 @@ class SubtaskActor:
     @ray.method(concurrency_group=CONTROL_GROUP)
     async def ready(self) -> bool:
         return True
+
+    @ray.method(concurrency_group=CONTROL_GROUP)
+    async def whereabouts(self) -> tuple[str, int]:
+        """This actor's node and process (to see it has exited once killed)."""
+        return ray.get_runtime_context().get_node_id(), os.getpid()
 
     @ray.method(concurrency_group=CONTROL_GROUP)
     async def drain_output(self, ack: OutputAck | None = None, final: bool = False) -> OutputChunk:

@@ -948,7 +948,7 @@ def test_an_unreachable_actor_is_not_taken_for_dead(monkeypatch):
     import ray
     from ray.exceptions import ActorUnavailableError
 
-    from rayflow.runtime.job_master import ActorsStillAlive, kill_and_wait
+    from rayflow.runtime.actor_exit import ActorsStillAlive, kill_and_wait
 
     class _Call:
         def __init__(self, error: BaseException) -> None:

@@ -25,6 +25,7 @@ REMOTE_CALLS = {
     "snapshot_blob",
     "metrics",
     "ready",
+    "whereabouts",
     "drain_output",
     "quiesce",
     "redeploy",
@@ -34,7 +35,7 @@ REMOTE_CALLS = {
 #: plane's server lives on the mailbox's loop, where its address is asked for)
 DATA_CALLS = {"push", "data_address", "run", "clean_up"}
 #: calls not handed to the subtask: the actor answers them itself
-OWN_CALLS = {"ready", "data_address"}
+OWN_CALLS = {"ready", "whereabouts", "data_address"}
 
 
 def _public_methods(cls: type) -> set[str]:

@@ -1,0 +1,69 @@
+"""kill_and_wait (rayflow/runtime/actor_exit.py) on a real local Ray: once it returns, no
+thread of a killed actor writes anything, though Ray answers RayActorError a few
+milliseconds before the actor's process has exited."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+
+import ray
+
+from rayflow.runtime.actor_exit import kill_and_wait
+
+TRIES = 6
+
+
+@ray.remote(num_cpus=0, max_restarts=0, max_concurrency=4)
+class _Writing:
+    """Writes the time to a file every half millisecond from a thread of its own, as a
+    commit thread of an ended attempt would write to the outside world. Answers calls
+    while its main work runs (as a subtask actor's control calls are)."""
+
+    def __init__(self, path: str) -> None:
+        def tick() -> None:
+            with open(path, "w") as out:
+                while True:
+                    out.write(f"{time.time()}\n")
+                    out.flush()
+                    time.sleep(0.0005)
+
+        threading.Thread(target=tick, daemon=True).start()
+
+    def ready(self) -> bool:
+        return True
+
+    def whereabouts(self) -> tuple[str, int]:
+        return ray.get_runtime_context().get_node_id(), os.getpid()
+
+    def spin(self, seconds: float) -> int:
+        """Holds the main thread (and mostly the GIL) busy."""
+        end, count = time.time() + seconds, 0
+        while time.time() < end:
+            count += 1
+        return count
+
+
+def _last_write(path: str) -> float:
+    with open(path) as written:
+        return float(written.read().split()[-1])
+
+
+def test_no_thread_of_a_killed_actor_writes_after_kill_and_wait_returns(tmp_path):
+    late = []
+    for i in range(TRIES):
+        path = str(tmp_path / f"ticks-{i}")
+        actor = _Writing.remote(path)
+        ray.get(actor.ready.remote())
+        if i % 2:
+            actor.spin.remote(5.0)  # a busy actor is killed too
+        time.sleep(0.2)
+        asyncio.run(kill_and_wait([actor], timeout_s=30))
+        returned = time.time()
+        time.sleep(0.1)  # a write after the return would be in the file by now
+        last = _last_write(path)
+        if last > returned:
+            late.append(round(last - returned, 4))
+    assert late == [], f"killed actors wrote {late} s after kill_and_wait returned"
