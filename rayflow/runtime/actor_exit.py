@@ -15,13 +15,20 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import ray
 from ray.exceptions import ActorUnavailableError, RayActorError
 
-__all__ = ["ActorsStillAlive", "ActorProcess", "UNREACHABLE_IS_GONE_S", "kill_and_wait"]
+__all__ = [
+    "ActorsStillAlive",
+    "ActorProcess",
+    "UNREACHABLE_IS_GONE_S",
+    "kill_and_wait",
+    "process_of",
+]
 
 #: A killed actor that cannot be reached for this long counts as gone (its node is lost
 #: and not yet declared dead; Ray offers no surer proof across a partition).
@@ -33,7 +40,12 @@ _POLL_S = 0.005
 
 
 class ActorsStillAlive(RuntimeError):
-    """Killed actors did not die in time: the next attempt must not start beside them."""
+    """Killed actors did not die in time: the next attempt must not start beside them.
+    ``actors``: their handles (to try again)."""
+
+    def __init__(self, message: str, actors: list[Any] | None = None) -> None:
+        super().__init__(message)
+        self.actors = list(actors or [])
 
 
 @dataclass(frozen=True)
@@ -44,7 +56,8 @@ class ActorProcess:
     pid: int
 
 
-async def _process_of(actor: Any) -> ActorProcess | None:
+async def process_of(actor: Any) -> ActorProcess | None:
+    """Where ``actor`` runs, as it says (None when it cannot say in time)."""
     try:
         node_id, pid = await asyncio.wait_for(
             actor.whereabouts.remote(), timeout=_WHEREABOUTS_TIMEOUT_S
@@ -54,14 +67,13 @@ async def _process_of(actor: Any) -> ActorProcess | None:
     return ActorProcess(str(node_id), int(pid))
 
 
+_PROC = os.path.isdir("/proc/self/task")
+
+
 def _running(pid: int) -> bool:
     """Whether any thread of process ``pid`` of this node still runs. (A killed process's
     main thread can show as exited while its other threads still run.)"""
-    try:
-        threads = os.listdir(f"/proc/{pid}/task")
-    except FileNotFoundError:
-        return False
-    except OSError:  # no /proc here: ask the kernel
+    if not _PROC:  # no /proc here: ask the kernel
         try:
             os.kill(pid, 0)
         except ProcessLookupError:
@@ -69,6 +81,10 @@ def _running(pid: int) -> bool:
         except PermissionError:
             return True
         return True
+    try:
+        threads = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return False
     for thread in threads:
         try:
             with open(f"/proc/{pid}/task/{thread}/stat") as stat:
@@ -89,31 +105,43 @@ async def _gone_here(pid: int, deadline: float) -> bool:
 
 
 @ray.remote(num_cpus=0, max_retries=0)
-def _gone_there(pid: int, timeout_s: float) -> bool:
+def _gone_there(pids: list[int], timeout_s: float) -> bool:
     deadline = time.monotonic() + timeout_s
-    while _running(pid):
+    while any(map(_running, pids)):
         if time.monotonic() > deadline:
             return False
         time.sleep(_POLL_S)
     return True
 
 
-async def _exited(process: ActorProcess, deadline: float) -> bool:
-    if process.node_id == ray.get_runtime_context().get_node_id():
-        return await _gone_here(process.pid, deadline)
+def _node_alive(node_id: str) -> bool:
+    return any(node.get("NodeID") == node_id and node.get("Alive") for node in ray.nodes())
+
+
+async def _exited(node_id: str, pids: list[int], deadline: float) -> bool:
+    """Whether the processes ``pids`` of node ``node_id`` have all exited by ``deadline``."""
+    if node_id == ray.get_runtime_context().get_node_id():
+        for pid in pids:
+            if not await _gone_here(pid, deadline):
+                return False
+        return True
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    left = max(0.0, deadline - time.monotonic())
-    pinned = NodeAffinitySchedulingStrategy(process.node_id, soft=False)
-    try:
-        return await asyncio.wait_for(
-            _gone_there.options(scheduling_strategy=pinned).remote(process.pid, left),
-            timeout=left + 5.0,
-        )
-    except asyncio.TimeoutError:
-        return False
-    except Exception:  # noqa: BLE001 - nothing runs there any more: the node is gone
-        return True
+    pinned = NodeAffinitySchedulingStrategy(node_id, soft=False)
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        probe = _gone_there.options(scheduling_strategy=pinned).remote(pids, left)
+        try:
+            return await asyncio.wait_for(probe, timeout=left + 5.0)
+        except asyncio.TimeoutError:
+            ray.cancel(probe, force=True)
+            return False
+        except Exception:  # noqa: BLE001 - the probe did not run or died
+            if not await asyncio.to_thread(_node_alive, node_id):
+                return True  # the node is gone, and its processes with it
+            await asyncio.sleep(0.2)  # its worker was killed (memory?), say: again
 
 
 async def _dead(actor: Any, deadline: float) -> bool:
@@ -137,29 +165,55 @@ async def _dead(actor: Any, deadline: float) -> bool:
     return False
 
 
-async def kill_and_wait(actors: Any, timeout_s: float = 30.0) -> None:
+async def kill_and_wait(
+    actors: Any,
+    timeout_s: float = 30.0,
+    known: Mapping[int, ActorProcess] | None = None,
+) -> None:
     """Kill actors and return once each is dead and its process has exited: after this
-    no thread of theirs writes anything. Raises :class:`ActorsStillAlive` when one still
+    no thread of theirs writes anything. ``known``: where actors run, by ``id()`` of
+    their handle, as learnt earlier (an actor busy when it is killed may not answer in
+    time); the others are asked. Raises :class:`ActorsStillAlive` when one still
     answers, or its process still runs, after ``timeout_s``."""
     actors = list(actors)
     if not actors:
         return
-    processes = await asyncio.gather(*map(_process_of, actors))
+    known = known or {}
+    asked = await asyncio.gather(
+        *(_known(known.get(id(actor))) or process_of(actor) for actor in actors)
+    )
     for actor in actors:
         try:
             ray.kill(actor, no_restart=True)
         except Exception:  # noqa: BLE001 - already gone
             pass
     deadline = time.monotonic() + timeout_s
-
-    async def gone(actor: Any, process: ActorProcess | None) -> bool:
-        if not await _dead(actor, deadline):
-            return False
-        return process is None or await _exited(process, deadline)
-
-    answers = await asyncio.gather(*map(gone, actors, processes))
-    alive = sum(1 for ok in answers if not ok)
+    dead = await asyncio.gather(*(_dead(actor, deadline) for actor in actors))
+    by_node: dict[str, list[int]] = {}
+    for process, ok in zip(asked, dead):
+        if ok and process is not None:
+            by_node.setdefault(process.node_id, []).append(process.pid)
+    nodes = list(by_node)
+    exited = dict(
+        zip(nodes, await asyncio.gather(*(_exited(n, by_node[n], deadline) for n in nodes)))
+    )
+    alive = [
+        actor
+        for actor, process, ok in zip(actors, asked, dead)
+        if not ok or (process is not None and not exited[process.node_id])
+    ]
     if alive:
         raise ActorsStillAlive(
-            f"{alive} killed subtask actor(s) still answer or their process still runs"
+            f"{len(alive)} killed subtask actor(s) still answer or their process still runs",
+            alive,
         )
+
+
+def _known(process: ActorProcess | None) -> Any:
+    if process is None:
+        return None
+
+    async def known() -> ActorProcess:
+        return process
+
+    return known()

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import logging
 import time
 from typing import Any
@@ -44,7 +45,12 @@ from rayflow.errors import JobCancelledError, JobFailedError, OperatorError
 from rayflow.failures import Failure, first_line, worth_logging
 from rayflow.plan.physical import JobGraph
 from rayflow.recoverability import classify
-from rayflow.runtime.actor_exit import ActorsStillAlive, kill_and_wait
+from rayflow.runtime.actor_exit import (
+    ActorProcess,
+    ActorsStillAlive,
+    kill_and_wait,
+    process_of,
+)
 from rayflow.runtime.deployer import Deployer
 from rayflow.runtime.hooks import HookPoint
 from rayflow.runtime.output import OutputAck, OutputChunk, OutputCollector
@@ -60,6 +66,12 @@ from rayflow.sink import TwoPhaseCommittingSink
 from rayflow.status import FailureKind, JobState
 
 log = logging.getLogger("rayflow.job")
+
+#: Why a job fails without another attempt while killed subtask processes still run.
+SURVIVORS = (
+    "killed subtask actors of this run still run (their processes were not seen to exit), "
+    "and no attempt or clean-up starts beside them"
+)
 
 
 def subtask_max_concurrency(channels: int, send_window: int) -> int:
@@ -233,6 +245,12 @@ class JobMaster:
         self._incarnations = 0
         self.recovery_times: list[float] = []
         self.clean_up_failure: str | None = None
+        #: killed subtask actors not seen to exit: nothing starts beside them (no attempt,
+        #: no clean-up from a checkpoint) until they are
+        self._survivors: list[Any] = []
+        #: where each subtask actor runs, by id() of its handle, learnt once it is deployed
+        #: (an actor busy when it is killed may not say in time)
+        self._processes: dict[int, ActorProcess] = {}
         self._ended = asyncio.Event()  # run() returned or raised: see _result / _error
         self._result: dict[str, Any] | None = None
         self._error: BaseException | None = None
@@ -300,7 +318,34 @@ class JobMaster:
         try:
             await self._output.last_read(actors.items(), timeout_s=1.0)
         finally:
-            await kill_and_wait(actors.values())
+            try:
+                await kill_and_wait(actors.values(), known=self._processes)
+            except ActorsStillAlive as exc:
+                self._survivors.extend(exc.actors)
+                raise
+            finally:
+                for actor in actors.values():
+                    self._processes.pop(id(actor), None)
+
+    async def _learn_processes(self, actors: list[Any]) -> None:
+        """Ask newly deployed actors where they run (in the background)."""
+        new = [a for a in actors if id(a) not in self._processes]
+        for actor, process in zip(new, await asyncio.gather(*map(process_of, new))):
+            if process is not None:
+                self._processes[id(actor)] = process
+
+    async def _survivors_gone(self) -> bool:
+        """Kill the survivors of earlier kills again and wait; whether all are gone now."""
+        survivors, self._survivors = self._survivors, []
+        if not survivors:
+            return True
+        try:
+            await kill_and_wait(survivors)
+        except ActorsStillAlive as exc:
+            self._survivors = exc.actors
+            log.error("job %r: %s", self.settings.job_name, exc)
+            return False
+        return True
 
     def _keep_final_output(self, results: dict[tuple[int, int], Any]) -> None:
         """Move what each finished subtask's ``run()`` returned it printed into this job
@@ -511,6 +556,9 @@ class JobMaster:
                 except Exception as stop_exc:  # noqa: BLE001
                     log.warning("job %r: stopping attempt %d: %s", name, self.attempt, stop_exc)
                     await self._kill_everything()
+                if not await self._survivors_gone():
+                    # no attempt starts beside a process of this one
+                    failure = dataclasses.replace(failure, non_recoverable=SURVIVORS)
                 delay = supervisor.on_failure(cause, kind, failed_at, failure)
                 self._log_failure(attempt, cause, delay)
                 if delay is None:
@@ -616,6 +664,13 @@ class JobMaster:
         cleaned = {k for k, ok in zip(keys, outcomes) if ok is True}
         await self._kill_everything_in(actors)
         missing = [k for k in self._two_phase_sink_subtasks() if k not in cleaned]
+        if missing and not await self._survivors_gone():
+            # fresh actors would commit and abort beside a process that may still write
+            self.clean_up_failure = (
+                f"sink subtasks {missing} were not cleaned up: {SURVIVORS}; their "
+                "transactions stay until the next run of this job recovers them"
+            )
+            return
         if missing and self.settings.checkpointing:
             tries, tried, reason = 2, 0, None
             while missing and reason is None and tried < tries:
@@ -1065,6 +1120,7 @@ class JobMaster:
         leftover = self._spare
         self._spare = {}
         self.actors = actors
+        asyncio.ensure_future(self._learn_processes(list(actors.values())))
         await self._read_then_kill(leftover)
         failed = []
         for key, ref in redeploys.items():

@@ -1059,3 +1059,63 @@ def test_an_ending_run_shows_the_state_its_end_is_reached_from():
             assert not shown.is_terminal and shown.can_move_to(state), (state, shown)
         else:
             assert shown is state
+
+
+def test_no_attempt_starts_beside_a_killed_subtask_whose_process_still_runs(monkeypatch):
+    """Stopping a failed attempt kills a subtask whose process is not seen to exit (a
+    thread stuck in the kernel, a node cut off): the job fails without another attempt,
+    and without a clean-up from the checkpoint beside it, naming why."""
+    import asyncio
+    from types import SimpleNamespace
+
+    import rayflow.runtime.job_master as job_master
+    from rayflow.errors import JobFailedError
+    from rayflow.runtime.actor_exit import ActorsStillAlive
+
+    survivor = object()
+
+    async def never_gone(actors, timeout_s=30.0, known=None):
+        raise ActorsStillAlive("1 killed subtask actor(s) still run", list(actors))
+
+    monkeypatch.setattr(job_master, "kill_and_wait", never_gone)
+    master = object.__new__(job_master.JobMaster.__ray_metadata__.modified_class)
+    master.supervisor = _supervisor(RestartStrategies.fixed_delay_restart(5, 10))
+    master.settings = SimpleNamespace(job_name="j", hooks=None, failure_classifier=None)
+    master.ray_metrics = SimpleNamespace(restarts=lambda n: None)
+    master._cancelled = asyncio.Event()
+    master._survivors = []
+    master._processes = {}
+    master.attempt = -1
+    master.clean_up_failure = None
+    attempts, cleaned = [], []
+
+    async def nothing(*args, **kwargs):
+        return None
+
+    async def run_attempt(attempt):
+        attempts.append(attempt)
+        raise RuntimeError("subtask 1/2 of 'out' died")
+
+    async def stop_attempt(reuse=False):
+        await master._read_then_kill({(1, 0): survivor})
+
+    async def clean_up():
+        cleaned.append(await master._survivors_gone())
+        if not cleaned[-1]:
+            master.clean_up_failure = "not cleaned up: " + job_master.SURVIVORS
+
+    master._output = SimpleNamespace(last_read=nothing)
+    for name, fn in {
+        "_persist": nothing,
+        "_persist_quietly": nothing,
+        "_take_holds": nothing,
+        "_kill_everything": nothing,
+        "_restart_delay": nothing,
+        "_run_attempt": run_attempt,
+        "_stop_attempt": stop_attempt,
+        "_clean_up_outside_world": clean_up,
+    }.items():
+        setattr(master, name, fn)
+    with pytest.raises(JobFailedError, match="no attempt or clean-up starts beside them"):
+        asyncio.run(master._run_with_restarts())
+    assert attempts == [0] and cleaned == [False] and master._survivors == [survivor]

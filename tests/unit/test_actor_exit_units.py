@@ -1,0 +1,92 @@
+"""rayflow/runtime/actor_exit.py without Ray: when a killed actor counts as gone."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from types import SimpleNamespace
+
+import pytest
+from ray.exceptions import RayActorError, WorkerCrashedError
+
+from rayflow.runtime import actor_exit
+from rayflow.runtime.actor_exit import ActorProcess, ActorsStillAlive, kill_and_wait
+
+HERE = "node-here"
+
+
+class _Call:
+    def __init__(self, error: BaseException | None = None, hang: bool = False) -> None:
+        self.error, self.hang = error, hang
+
+    def __await__(self):
+        if self.hang:
+            yield from asyncio.sleep(3600).__await__()
+        if self.error is not None:
+            raise self.error
+        return None
+
+
+class _Dead:
+    """A killed actor Ray already calls dead, which cannot say where it ran (its control
+    calls are all taken, say)."""
+
+    ready = SimpleNamespace(remote=lambda: _Call(RayActorError()))
+    whereabouts = SimpleNamespace(remote=lambda: _Call(hang=True))
+
+
+@pytest.fixture
+def no_ray(monkeypatch):
+    monkeypatch.setattr(actor_exit.ray, "kill", lambda actor, no_restart=True: None)
+    context = SimpleNamespace(get_node_id=lambda: HERE)
+    monkeypatch.setattr(actor_exit.ray, "get_runtime_context", lambda: context)
+    monkeypatch.setattr(actor_exit, "_WHEREABOUTS_TIMEOUT_S", 0.05)
+
+
+def test_running_tells_a_live_process_from_one_that_is_gone():
+    assert actor_exit._running(os.getpid())
+    assert not actor_exit._running(2**22 + 12345)  # above the largest pid Linux gives
+
+
+def test_a_process_learnt_at_deploy_is_waited_for_though_the_actor_cannot_say(no_ray):
+    actor = _Dead()
+    still_running = ActorProcess(HERE, os.getpid())  # this process: it never exits here
+    with pytest.raises(ActorsStillAlive) as info:
+        asyncio.run(kill_and_wait([actor], timeout_s=0.3, known={id(actor): still_running}))
+    assert info.value.actors == [actor]
+
+
+def test_an_actor_that_cannot_say_and_was_not_learnt_counts_as_gone_once_dead(no_ray):
+    asyncio.run(kill_and_wait([_Dead()], timeout_s=0.3))
+
+
+def _failing_probe(monkeypatch, error: BaseException) -> list[int]:
+    tries: list[int] = []
+
+    def remote(pids, left):
+        tries.append(len(pids))
+        return _Call(error)
+
+    probe = SimpleNamespace(remote=remote)
+    monkeypatch.setattr(actor_exit, "_gone_there", SimpleNamespace(options=lambda **kw: probe))
+    return tries
+
+
+def test_a_probe_that_died_on_a_live_node_proves_nothing(no_ray, monkeypatch):
+    """The probe's worker was killed (memory pressure on that node): the node and the
+    process may well live. Tried again until the deadline, then not gone."""
+    tries = _failing_probe(monkeypatch, WorkerCrashedError())
+    monkeypatch.setattr(actor_exit, "_node_alive", lambda node_id: True)
+    deadline = time.monotonic() + 0.5
+    assert asyncio.run(actor_exit._exited("ab" * 28, [123, 456], deadline)) is False
+    assert len(tries) >= 2 and set(tries) == {2}  # one probe for both processes, each time
+
+
+def test_a_probe_that_cannot_run_on_a_node_that_is_gone_proves_the_process_gone(
+    no_ray, monkeypatch
+):
+    _failing_probe(monkeypatch, WorkerCrashedError())
+    monkeypatch.setattr(actor_exit, "_node_alive", lambda node_id: False)
+    deadline = time.monotonic() + 5.0
+    assert asyncio.run(actor_exit._exited("ab" * 28, [123], deadline)) is True
