@@ -25,6 +25,7 @@ from ray.exceptions import ActorUnavailableError, RayActorError
 __all__ = [
     "ActorsStillAlive",
     "ActorProcess",
+    "KILL_TIMEOUT_S",
     "UNREACHABLE_IS_GONE_S",
     "kill_and_wait",
     "process_of",
@@ -33,6 +34,8 @@ __all__ = [
 #: A killed actor that cannot be reached for this long counts as gone (its node is lost
 #: and not yet declared dead; Ray offers no surer proof across a partition).
 UNREACHABLE_IS_GONE_S = 10.0
+#: How long killed actors may take to die and their processes to exit.
+KILL_TIMEOUT_S = 30.0
 #: How long an actor may take to say where it runs before it is killed.
 _WHEREABOUTS_TIMEOUT_S = 1.0
 #: How often the exit of a process on this node is looked for.
@@ -56,11 +59,11 @@ class ActorProcess:
     pid: int
 
 
-async def process_of(actor: Any) -> ActorProcess | None:
-    """Where ``actor`` runs, as it says (None when it cannot say in time)."""
+async def process_of(actor: Any, timeout_s: float | None = None) -> ActorProcess | None:
+    """Where ``actor`` runs, as it says (None when it cannot say within ``timeout_s``)."""
     try:
         node_id, pid = await asyncio.wait_for(
-            actor.whereabouts.remote(), timeout=_WHEREABOUTS_TIMEOUT_S
+            actor.whereabouts.remote(), timeout=timeout_s or _WHEREABOUTS_TIMEOUT_S
         )
     except BaseException:  # noqa: BLE001 - dead, hung, or not a subtask actor: unknown
         return None
@@ -167,14 +170,14 @@ async def _dead(actor: Any, deadline: float) -> bool:
 
 async def kill_and_wait(
     actors: Any,
-    timeout_s: float = 30.0,
+    timeout_s: float | None = None,
     known: Mapping[int, ActorProcess] | None = None,
 ) -> None:
     """Kill actors and return once each is dead and its process has exited: after this
     no thread of theirs writes anything. ``known``: where actors run, by ``id()`` of
     their handle, as learnt earlier (an actor busy when it is killed may not answer in
     time); the others are asked. Raises :class:`ActorsStillAlive` when one still
-    answers, or its process still runs, after ``timeout_s``."""
+    answers, or its process still runs, after ``timeout_s`` (:data:`KILL_TIMEOUT_S`)."""
     actors = list(actors)
     if not actors:
         return
@@ -187,7 +190,7 @@ async def kill_and_wait(
             ray.kill(actor, no_restart=True)
         except Exception:  # noqa: BLE001 - already gone
             pass
-    deadline = time.monotonic() + timeout_s
+    deadline = time.monotonic() + (KILL_TIMEOUT_S if timeout_s is None else timeout_s)
     dead = await asyncio.gather(*(_dead(actor, deadline) for actor in actors))
     by_node: dict[str, list[int]] = {}
     for process, ok in zip(asked, dead):

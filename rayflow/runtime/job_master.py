@@ -67,6 +67,8 @@ from rayflow.status import FailureKind, JobState
 
 log = logging.getLogger("rayflow.job")
 
+#: How long a deployed actor may take to say where it runs.
+LEARN_TIMEOUT_S = 120.0
 #: Why a job fails without another attempt while killed subtask processes still run.
 SURVIVORS = (
     "killed subtask actors of this run still run (their processes were not seen to exit), "
@@ -250,7 +252,8 @@ class JobMaster:
         self._survivors: list[Any] = []
         #: where each subtask actor runs, by id() of its handle, learnt once it is deployed
         #: (an actor busy when it is killed may not say in time)
-        self._processes: dict[int, ActorProcess] = {}
+        #: (the handle is kept with it: its id() stays unique while the entry lives)
+        self._processes: dict[int, tuple[Any, ActorProcess]] = {}
         self._ended = asyncio.Event()  # run() returned or raised: see _result / _error
         self._result: dict[str, Any] | None = None
         self._error: BaseException | None = None
@@ -319,32 +322,44 @@ class JobMaster:
             await self._output.last_read(actors.items(), timeout_s=1.0)
         finally:
             try:
-                await kill_and_wait(actors.values(), known=self._processes)
+                await kill_and_wait(actors.values(), known=self._known())
             except ActorsStillAlive as exc:
                 self._survivors.extend(exc.actors)
                 raise
             finally:
                 for actor in actors.values():
-                    self._processes.pop(id(actor), None)
+                    if not any(actor is s for s in self._survivors):  # still needed for them
+                        self._processes.pop(id(actor), None)
+
+    def _known(self) -> dict[int, ActorProcess]:
+        return {key: process for key, (_, process) in self._processes.items()}
 
     async def _learn_processes(self, actors: list[Any]) -> None:
-        """Ask newly deployed actors where they run (in the background)."""
+        """Ask newly deployed actors where they run (in the background; an actor answers
+        once it has started, which can take a while on a loaded node)."""
         new = [a for a in actors if id(a) not in self._processes]
-        for actor, process in zip(new, await asyncio.gather(*map(process_of, new))):
-            if process is not None:
-                self._processes[id(actor)] = process
+        found = await asyncio.gather(*(process_of(a, timeout_s=LEARN_TIMEOUT_S) for a in new))
+        live = [*self.actors.values(), *self._spare.values()]
+        for actor, process in zip(new, found):
+            # not for an actor killed meanwhile (its entry would outlive it)
+            if process is not None and any(actor is a for a in live):
+                self._processes[id(actor)] = (actor, process)
 
     async def _survivors_gone(self) -> bool:
         """Kill the survivors of earlier kills again and wait; whether all are gone now."""
-        survivors, self._survivors = self._survivors, []
+        survivors = list(self._survivors)
         if not survivors:
             return True
         try:
-            await kill_and_wait(survivors)
-        except ActorsStillAlive as exc:
-            self._survivors = exc.actors
+            await kill_and_wait(survivors, known=self._known())
+        except Exception as exc:  # noqa: BLE001 - ActorsStillAlive, or Ray did not answer
             log.error("job %r: %s", self.settings.job_name, exc)
+            if isinstance(exc, ActorsStillAlive):
+                self._survivors = exc.actors
             return False
+        self._survivors = []
+        for actor in survivors:
+            self._processes.pop(id(actor), None)
         return True
 
     def _keep_final_output(self, results: dict[tuple[int, int], Any]) -> None:
@@ -674,6 +689,9 @@ class JobMaster:
         if missing and self.settings.checkpointing:
             tries, tried, reason = 2, 0, None
             while missing and reason is None and tried < tries:
+                if not await self._survivors_gone():  # (of the try before, say)
+                    reason = SURVIVORS
+                    break
                 # stops when done, or failed in a way no other try can fix
                 missing, reason = await self._clean_up_from_checkpoint(missing, latest)
                 tried += 1
@@ -1120,6 +1138,10 @@ class JobMaster:
         leftover = self._spare
         self._spare = {}
         self.actors = actors
+        kept = [*actors.values(), *self._survivors]
+        for key, (actor, _) in list(self._processes.items()):
+            if not any(actor is a for a in kept):
+                del self._processes[key]  # ended, or killed: not needed any more
         asyncio.ensure_future(self._learn_processes(list(actors.values())))
         await self._read_then_kill(leftover)
         failed = []

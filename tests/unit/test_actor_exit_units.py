@@ -90,3 +90,70 @@ def test_a_probe_that_cannot_run_on_a_node_that_is_gone_proves_the_process_gone(
     monkeypatch.setattr(actor_exit, "_node_alive", lambda node_id: False)
     deadline = time.monotonic() + 5.0
     assert asyncio.run(actor_exit._exited("ab" * 28, [123], deadline)) is True
+
+
+def _master(**attributes):
+    from rayflow.runtime import job_master
+
+    master = object.__new__(job_master.JobMaster.__ray_metadata__.modified_class)
+    master.settings = SimpleNamespace(job_name="j", hooks=None, checkpointing=True)
+    master._survivors, master._processes, master._spare, master.actors = [], {}, {}, {}
+    master.clean_up_failure = None
+
+    async def nothing(*args, **kwargs):
+        return None
+
+    master._output = SimpleNamespace(last_read=nothing)
+    for name, value in attributes.items():
+        setattr(master, name, value)
+    return master
+
+
+def test_a_survivor_whose_process_runs_is_not_taken_for_gone_on_the_next_look(no_ray, monkeypatch):
+    """Ray calls the killed actor dead, its process still runs, and the actor cannot say
+    where it runs any more: what the job master learnt at deploy keeps it a survivor on
+    every later look, not only the first."""
+    monkeypatch.setattr(actor_exit, "KILL_TIMEOUT_S", 0.3)
+    actor = _Dead()
+    master = _master()
+    master._processes = {id(actor): (actor, ActorProcess(HERE, os.getpid()))}
+    with pytest.raises(ActorsStillAlive):
+        asyncio.run(master._read_then_kill({(1, 0): actor}))
+    assert master._survivors == [actor]
+    assert asyncio.run(master._survivors_gone()) is False
+    assert master._survivors == [actor]
+
+
+def test_a_clean_up_from_the_checkpoint_is_not_tried_again_beside_its_survivors(no_ray):
+    """The first clean-up from the checkpoint left an actor whose process still runs (it
+    hung, was killed, and did not exit): no second set of fresh actors commits and aborts
+    beside it; the failure says why."""
+    actor = _Dead()
+    calls = []
+
+    async def clean_up_from_checkpoint(missing, latest):
+        calls.append(list(missing))
+        master._survivors.append(actor)  # as _kill_everything_in leaves it
+        master._processes[id(actor)] = (actor, ActorProcess(HERE, os.getpid()))
+        return missing, None
+
+    async def nothing(*args, **kwargs):
+        return None
+
+    async def restore_point():
+        return SimpleNamespace(checkpoint_id=3)
+
+    master = _master(
+        _take_holds=nothing,
+        _restore_point=restore_point,
+        _kill_everything_in=nothing,
+        _two_phase_sink_subtasks=lambda: [(1, 0)],
+        _clean_up_from_checkpoint=clean_up_from_checkpoint,
+    )
+    actor_exit.KILL_TIMEOUT_S, before = 0.3, actor_exit.KILL_TIMEOUT_S
+    try:
+        asyncio.run(master._clean_up_outside_world())
+    finally:
+        actor_exit.KILL_TIMEOUT_S = before
+    assert calls == [[(1, 0)]]
+    assert "still run" in master.clean_up_failure
