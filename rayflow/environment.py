@@ -42,6 +42,7 @@ from rayflow.plan.physical import JobGraph, build_job_graph
 from rayflow.plan.resources import ResourceSpec
 from rayflow.ray_connect import check_address, quiet_local_start
 from rayflow.recoverability import FailureClassifier
+from rayflow.runtime.actor_exit import processes_named, wait_exited
 from rayflow.runtime.channels import DEFAULT_BUFFER_TIMEOUT_MS
 from rayflow.runtime.debloat import MIN_TARGET_MS
 from rayflow.runtime.hook_env import mark_hooked_raylet
@@ -879,6 +880,12 @@ def _kill_job_actors(job_id: str, timeout_s: float = 30.0) -> None:
                 pass
     try:
         _wait_until_dead(job_id, handles, timeout_s)
+        # Ray calls the actors of a lost job master dead before their processes exit
+        if not wait_exited(processes_named(f"rayflow:{job_id}:"), timeout_s):
+            raise JobFailedError(
+                f"job {job_id}: processes of its lost job master's actors still run after "
+                f"{timeout_s:g} s; not starting another one beside them"
+            )
     finally:
         # also when some still answer: Ray kills what runs in a removed group
         remove_job_placement_groups(job_id)

@@ -29,6 +29,8 @@ __all__ = [
     "UNREACHABLE_IS_GONE_S",
     "kill_and_wait",
     "process_of",
+    "processes_named",
+    "wait_exited",
 ]
 
 #: A killed actor that cannot be reached for this long counts as gone (its node is lost
@@ -53,10 +55,13 @@ class ActorsStillAlive(RuntimeError):
 
 @dataclass(frozen=True)
 class ActorProcess:
-    """Where an actor runs: its node and its process there."""
+    """Where an actor runs: its node and its process there. ``started_by``: when known,
+    the latest time (``time.time()``) the actor's process can have started; a process
+    with that pid started later is another one (the pid was used again)."""
 
     node_id: str
     pid: int
+    started_by: float | None = None
 
 
 async def process_of(actor: Any, timeout_s: float | None = None) -> ActorProcess | None:
@@ -73,9 +78,25 @@ async def process_of(actor: Any, timeout_s: float | None = None) -> ActorProcess
 _PROC = os.path.isdir("/proc/self/task")
 
 
-def _running(pid: int) -> bool:
-    """Whether any thread of process ``pid`` of this node still runs. (A killed process's
-    main thread can show as exited while its other threads still run.)"""
+def _boot_time() -> float:
+    try:
+        with open("/proc/stat") as stat:
+            for line in stat:
+                if line.startswith("btime "):
+                    return float(line.split()[1])
+    except OSError:
+        pass
+    return 0.0
+
+
+_BOOT_TIME = _boot_time() if _PROC else 0.0
+_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _running(pid: int, started_by: float | None = None) -> bool:
+    """Whether any thread of process ``pid`` of this node still runs (a killed process's
+    main thread can show as exited while its other threads still run), the process
+    having started by ``started_by`` when that is given."""
     if not _PROC:  # no /proc here: ask the kernel
         try:
             os.kill(pid, 0)
@@ -84,6 +105,14 @@ def _running(pid: int) -> bool:
         except PermissionError:
             return True
         return True
+    if started_by is not None and _BOOT_TIME:
+        try:
+            with open(f"/proc/{pid}/stat") as stat:
+                ticks = int(stat.read().rsplit(")", 1)[1].split()[19])
+        except (OSError, IndexError, ValueError):
+            return False
+        if _BOOT_TIME + ticks / _TICKS > started_by:
+            return False  # another process with the same pid
     try:
         threads = os.listdir(f"/proc/{pid}/task")
     except OSError:
@@ -99,8 +128,8 @@ def _running(pid: int) -> bool:
     return False
 
 
-async def _gone_here(pid: int, deadline: float) -> bool:
-    while _running(pid):
+async def _gone_here(pid: int, deadline: float, started_by: float | None = None) -> bool:
+    while _running(pid, started_by):
         if time.monotonic() > deadline:
             return False
         await asyncio.sleep(_POLL_S)
@@ -108,9 +137,9 @@ async def _gone_here(pid: int, deadline: float) -> bool:
 
 
 @ray.remote(num_cpus=0, max_retries=0)
-def _gone_there(pids: list[int], timeout_s: float) -> bool:
+def _gone_there(pids: list[tuple[int, float | None]], timeout_s: float) -> bool:
     deadline = time.monotonic() + timeout_s
-    while any(map(_running, pids)):
+    while any(_running(pid, started_by) for pid, started_by in pids):
         if time.monotonic() > deadline:
             return False
         time.sleep(_POLL_S)
@@ -121,11 +150,12 @@ def _node_alive(node_id: str) -> bool:
     return any(node.get("NodeID") == node_id and node.get("Alive") for node in ray.nodes())
 
 
-async def _exited(node_id: str, pids: list[int], deadline: float) -> bool:
-    """Whether the processes ``pids`` of node ``node_id`` have all exited by ``deadline``."""
+async def _exited(node_id: str, pids: list[tuple[int, float | None]], deadline: float) -> bool:
+    """Whether the processes ``pids`` (pid, started by) of node ``node_id`` have all
+    exited by ``deadline``."""
     if node_id == ray.get_runtime_context().get_node_id():
-        for pid in pids:
-            if not await _gone_here(pid, deadline):
+        for pid, started_by in pids:
+            if not await _gone_here(pid, deadline, started_by):
                 return False
         return True
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -192,10 +222,10 @@ async def kill_and_wait(
             pass
     deadline = time.monotonic() + (KILL_TIMEOUT_S if timeout_s is None else timeout_s)
     dead = await asyncio.gather(*(_dead(actor, deadline) for actor in actors))
-    by_node: dict[str, list[int]] = {}
+    by_node: dict[str, list[tuple[int, float | None]]] = {}
     for process, ok in zip(asked, dead):
         if ok and process is not None:
-            by_node.setdefault(process.node_id, []).append(process.pid)
+            by_node.setdefault(process.node_id, []).append((process.pid, process.started_by))
     nodes = list(by_node)
     exited = dict(
         zip(nodes, await asyncio.gather(*(_exited(n, by_node[n], deadline) for n in nodes)))
@@ -220,3 +250,49 @@ def _known(process: ActorProcess | None) -> Any:
         return process
 
     return known()
+
+
+def processes_named(prefix: str, ended_within_s: float = 600.0) -> list[ActorProcess]:
+    """The processes of every actor whose name starts with ``prefix``, alive or dead
+    (dead within ``ended_within_s``: an older one's pid may belong to another process by
+    now), from Ray's actor table. For actors whose owner died: Ray calls them dead before
+    their processes exit, and nobody can ask them any more. Empty when this Ray does not
+    keep that table as expected (an internal interface)."""
+    try:
+        from ray._private import state
+
+        table = state.actors()
+    except Exception:  # noqa: BLE001 - an internal interface: nothing known
+        return []
+    now_ms = time.time() * 1000.0
+    found = []
+    for info in table.values():
+        if not str(info.get("Name") or "").startswith(prefix):
+            continue
+        ended = info.get("EndTime") or 0
+        if info.get("State") == "DEAD" and ended and now_ms - ended > ended_within_s * 1000:
+            continue
+        pid, node = info.get("Pid"), (info.get("Address") or {}).get("NodeID")
+        started = info.get("StartTime") or 0
+        if pid and node and started:
+            # its process started by the time the actor did (a second of slack: the
+            # kernel's boot time is whole seconds)
+            found.append(ActorProcess(str(node), int(pid), started / 1000.0 + 2.0))
+    return found
+
+
+def wait_exited(processes: list[ActorProcess], timeout_s: float) -> bool:
+    """Block (no event loop needed) until ``processes`` have exited; False when one still
+    runs after ``timeout_s``."""
+    if not processes:
+        return True
+    by_node: dict[str, list[tuple[int, float | None]]] = {}
+    for process in processes:
+        by_node.setdefault(process.node_id, []).append((process.pid, process.started_by))
+    deadline = time.monotonic() + timeout_s
+
+    async def every_node() -> bool:
+        answers = await asyncio.gather(*(_exited(n, pids, deadline) for n, pids in by_node.items()))
+        return all(answers)
+
+    return asyncio.run(every_node())

@@ -67,3 +67,20 @@ def test_no_thread_of_a_killed_actor_writes_after_kill_and_wait_returns(tmp_path
         if last > returned:
             late.append(round(last - returned, 4))
     assert late == [], f"killed actors wrote {late} s after kill_and_wait returned"
+
+
+def test_processes_of_named_actors_come_from_rays_table_also_once_they_are_dead():
+    """What a new job master waits for when the old one was lost: the processes of every
+    actor named after the job, dead ones included (their owner died with them)."""
+    import uuid
+
+    from rayflow.runtime.actor_exit import processes_named, wait_exited
+
+    prefix = f"rayflow:{uuid.uuid4().hex[:12]}:"
+    actor = _Writing.options(name=prefix + "v0:s0:0").remote(os.devnull)
+    node, pid = ray.get(actor.whereabouts.remote())
+    found = processes_named(prefix)
+    assert [(p.node_id, p.pid) for p in found] == [(node, pid)]
+    ray.kill(actor, no_restart=True)
+    assert wait_exited(processes_named(prefix), 30)
+    assert [p.pid for p in processes_named(prefix)] == [pid]  # dead, still listed

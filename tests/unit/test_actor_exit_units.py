@@ -79,7 +79,8 @@ def test_a_probe_that_died_on_a_live_node_proves_nothing(no_ray, monkeypatch):
     tries = _failing_probe(monkeypatch, WorkerCrashedError())
     monkeypatch.setattr(actor_exit, "_node_alive", lambda node_id: True)
     deadline = time.monotonic() + 0.5
-    assert asyncio.run(actor_exit._exited("ab" * 28, [123, 456], deadline)) is False
+    pids = [(123, None), (456, None)]
+    assert asyncio.run(actor_exit._exited("ab" * 28, pids, deadline)) is False
     assert len(tries) >= 2 and set(tries) == {2}  # one probe for both processes, each time
 
 
@@ -89,7 +90,7 @@ def test_a_probe_that_cannot_run_on_a_node_that_is_gone_proves_the_process_gone(
     _failing_probe(monkeypatch, WorkerCrashedError())
     monkeypatch.setattr(actor_exit, "_node_alive", lambda node_id: False)
     deadline = time.monotonic() + 5.0
-    assert asyncio.run(actor_exit._exited("ab" * 28, [123], deadline)) is True
+    assert asyncio.run(actor_exit._exited("ab" * 28, [(123, None)], deadline)) is True
 
 
 def _master(**attributes):
@@ -157,3 +158,11 @@ def test_a_clean_up_from_the_checkpoint_is_not_tried_again_beside_its_survivors(
         actor_exit.KILL_TIMEOUT_S = before
     assert calls == [[(1, 0)]]
     assert "still run" in master.clean_up_failure
+
+
+def test_a_pid_used_again_by_a_later_process_is_not_taken_for_the_actors(no_ray):
+    """Ray's actor table keeps a dead actor's pid; the kernel may give it to a new
+    process since. Only a process that started by the time the actor did is its."""
+    assert actor_exit._running(os.getpid(), started_by=time.time() + 5)
+    assert not actor_exit._running(os.getpid(), started_by=time.time() - 10 * 365 * 86400)
+    assert actor_exit.wait_exited([ActorProcess(HERE, os.getpid(), time.time() - 86400)], 5)
