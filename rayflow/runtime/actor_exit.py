@@ -13,6 +13,7 @@ says so, as before.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import os
 import time
 from collections.abc import Mapping
@@ -36,6 +37,9 @@ __all__ = [
 #: A killed actor that cannot be reached for this long counts as gone (its node is lost
 #: and not yet declared dead; Ray offers no surer proof across a partition).
 UNREACHABLE_IS_GONE_S = 10.0
+#: A process that started this long after its actor did (by the GCS's clock) is another
+#: one with the same pid.
+_STARTED_SLACK_S = 30.0
 #: How long killed actors may take to die and their processes to exit.
 KILL_TIMEOUT_S = 30.0
 #: How long an actor may take to say where it runs before it is killed.
@@ -252,32 +256,28 @@ def _known(process: ActorProcess | None) -> Any:
     return known()
 
 
-def processes_named(prefix: str, ended_within_s: float = 600.0) -> list[ActorProcess]:
-    """The processes of every actor whose name starts with ``prefix``, alive or dead
-    (dead within ``ended_within_s``: an older one's pid may belong to another process by
-    now), from Ray's actor table. For actors whose owner died: Ray calls them dead before
-    their processes exit, and nobody can ask them any more. Empty when this Ray does not
-    keep that table as expected (an internal interface)."""
+def processes_named(prefix: str) -> list[ActorProcess]:
+    """The processes of every actor whose name starts with ``prefix``, alive or dead, from
+    Ray's actor table: for actors whose owner died, which Ray calls dead before their
+    processes exit, and which nobody can ask any more. Each process counts as the
+    actor's only if it started by :data:`_STARTED_SLACK_S` after the actor did (the GCS's
+    clock and a node's may differ a little; a pid used again belongs to a process started
+    after the actor died). Empty when this Ray does not keep that table as expected (an
+    internal interface; not in Ray Client mode)."""
     try:
         from ray._private import state
 
         table = state.actors()
     except Exception:  # noqa: BLE001 - an internal interface: nothing known
         return []
-    now_ms = time.time() * 1000.0
     found = []
     for info in table.values():
         if not str(info.get("Name") or "").startswith(prefix):
             continue
-        ended = info.get("EndTime") or 0
-        if info.get("State") == "DEAD" and ended and now_ms - ended > ended_within_s * 1000:
-            continue
         pid, node = info.get("Pid"), (info.get("Address") or {}).get("NodeID")
         started = info.get("StartTime") or 0
         if pid and node and started:
-            # its process started by the time the actor did (a second of slack: the
-            # kernel's boot time is whole seconds)
-            found.append(ActorProcess(str(node), int(pid), started / 1000.0 + 2.0))
+            found.append(ActorProcess(str(node), int(pid), started / 1000.0 + _STARTED_SLACK_S))
     return found
 
 
@@ -295,4 +295,6 @@ def wait_exited(processes: list[ActorProcess], timeout_s: float) -> bool:
         answers = await asyncio.gather(*(_exited(n, pids, deadline) for n, pids in by_node.items()))
         return all(answers)
 
-    return asyncio.run(every_node())
+    # in a thread of its own: the caller's thread may run an event loop (a notebook's)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, every_node()).result()

@@ -166,3 +166,12 @@ def test_a_pid_used_again_by_a_later_process_is_not_taken_for_the_actors(no_ray)
     assert actor_exit._running(os.getpid(), started_by=time.time() + 5)
     assert not actor_exit._running(os.getpid(), started_by=time.time() - 10 * 365 * 86400)
     assert actor_exit.wait_exited([ActorProcess(HERE, os.getpid(), time.time() - 86400)], 5)
+
+
+def test_waiting_for_exits_works_where_an_event_loop_already_runs(no_ray):
+    """A notebook's cell runs inside an event loop: waiting there must not fail."""
+
+    async def in_a_loop() -> bool:
+        return actor_exit.wait_exited([ActorProcess(HERE, 2**22 + 12345)], 5)
+
+    assert asyncio.run(in_a_loop())

@@ -86,6 +86,22 @@ def _committer(sink, context):
     return sink.create_committer(context)
 
 
+def _fails_once(committer, method: str, reason: str, when=lambda *args: True) -> None:
+    """The committer's ``method`` answers RETRY_LATER (raises ``_Retry(reason)``) the first
+    time it is called with arguments ``when`` accepts; else it does what it does."""
+    from rayflow.connectors.kafka.sink import _Retry
+
+    real, failed = getattr(committer, method), []
+
+    def flaky(*args):
+        if not failed and when(*args):
+            failed.append(args)
+            raise _Retry(reason)
+        return real(*args)
+
+    setattr(committer, method, flaky)
+
+
 def test_commit_makes_records_visible_with_recovery_headers(kafka_broker, kafka_topic):
     sink = _sink(kafka_broker, kafka_topic)
     c = _committable(sink, _context(), 0, range(5))
@@ -334,55 +350,21 @@ def test_schedule_commit_failed_with_records_in_flight_then_retried(
     assert wire["races"] == 0
 
 
-def test_commits_of_one_writer_stay_in_order(kafka_broker, kafka_topic, monkeypatch):
-    """A committable that must wait (RETRY_LATER) holds back the later ones of its writer:
-    committing a later one first would move the marker past it (and lose it)."""
-    sink = _sink(kafka_broker, kafka_topic)
-    first = _committable(sink, _context(), 0, range(0, 3))
-    second = _committable(sink, _context(), 1, range(3, 6))
-    committer = _committer(sink, _context())
-    real = committer._visible
-    calls = []
-
-    def flaky(c, start):
-        calls.append(c.sequence)
-        if len(calls) == 1:
-            from rayflow.connectors.kafka.sink import _Retry
-
-            raise _Retry("broker busy")
-        return real(c, start)
-
-    monkeypatch.setattr(committer, "_visible", flaky)
-    assert committer.commit(first).status is CommitStatus.RETRY_LATER
-    held = committer.commit(second)
-    assert held.status is CommitStatus.RETRY_LATER and "not committed yet" in held.reason
-    assert committer.commit(first).done and committer.commit(second).done
-    assert _values(kafka_broker, kafka_topic) == list(range(6))
-
-
-def test_commits_stay_in_order_when_the_marker_cannot_be_read(kafka_broker, kafka_topic):
-    """The first commit of a restored writer cannot read its marker (the group coordinator
-    is still loading, a timeout): RETRY_LATER. A restore goes on to the next committable,
-    which must wait too: committed first, it would move the marker past the first one,
-    whose retry would then answer ALREADY_COMMITTED and its records would be lost."""
-    from rayflow.connectors.kafka.sink import _Retry
-
+@pytest.mark.parametrize("step", ["_writer", "_read_marker", "_visible"])
+def test_commits_of_one_writer_stay_in_order(kafka_broker, kafka_topic, step):
+    """A committable that must wait (RETRY_LATER) holds back the later ones of its writer,
+    whichever step of its first try failed: initialising the producer, reading the marker
+    (the group coordinator still loading) or looking for records already there. Committed
+    first, a later one would move the marker past it, whose retry would then answer
+    ALREADY_COMMITTED: its records lost."""
     sink = _sink(kafka_broker, kafka_topic)
     first = _committable(sink, _context(), 0, range(0, 5))
     second = _committable(sink, _context(), 1, range(5, 9))
     committer = _committer(sink, _context())
-    real = committer._read_marker
-    calls = []
-
-    def flaky(c):
-        calls.append(c.sequence)
-        if len(calls) == 1:
-            raise _Retry("reading the commit marker: coordinator loading")
-        return real(c)
-
-    committer._read_marker = flaky
+    _fails_once(committer, step, f"{step}: timed out")
     assert committer.commit(first).status is CommitStatus.RETRY_LATER
-    assert committer.commit(second).status is CommitStatus.RETRY_LATER
+    held = committer.commit(second)
+    assert held.status is CommitStatus.RETRY_LATER and "not committed yet" in held.reason
     assert committer.commit(first).done and committer.commit(second).done
     assert _values(kafka_broker, kafka_topic) == list(range(9))
 
@@ -392,21 +374,10 @@ def test_a_commit_repeated_after_it_succeeded_keeps_a_later_one_waiting(kafka_br
     ready); then the first, committed already, is committed again (ALREADY_COMMITTED).
     The second still holds the third back: committed first, the third would move the
     marker past the second, whose retry would answer ALREADY_COMMITTED (records lost)."""
-    from rayflow.connectors.kafka.sink import _Retry
-
     sink = _sink(kafka_broker, kafka_topic)
     c0, c1, c2 = (_committable(sink, _context(), s, range(3 * s, 3 * s + 3)) for s in range(3))
     committer = _committer(sink, _context())
-    real = committer._writer
-    failed = []
-
-    def flaky(c, run):
-        if c.sequence == 1 and not failed:
-            failed.append(c.sequence)
-            raise _Retry("init_transactions: timed out")
-        return real(c, run)
-
-    committer._writer = flaky
+    _fails_once(committer, "_writer", "init_transactions: timed out", lambda c, _: c.sequence == 1)
     assert committer.commit(c0).status is CommitStatus.COMMITTED
     assert committer.commit(c1).status is CommitStatus.RETRY_LATER
     assert committer.commit(c0).status is CommitStatus.ALREADY_COMMITTED

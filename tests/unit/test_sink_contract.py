@@ -482,36 +482,53 @@ def test_cancel_clean_up_runs_after_the_fence_is_revoked():
     assert COMMITTED == ["s0-t0-c1"] and swept == [0]
 
 
-def test_cancel_clean_up_commits_in_the_order_the_committer_needs(monkeypatch):
-    """A committer that commits one writer's committables only in order (Kafka's marker:
-    a later one answers RETRY_LATER until the earlier one is committed). The restore's
-    first committable answered RETRY_LATER and is due; the recovery thread had not reached
-    the second when the job was cancelled. The clean-up commits both, in either order of
-    its lists, within its retries."""
+class _InOrder(_Committer):
+    """Commits one writer's committables only in order (as Kafka's marker needs): a later
+    one answers RETRY_LATER until the earlier one is committed. ``script``: per sequence,
+    RETRY_LATER reasons it answers first, when its turn has come."""
 
-    class InOrder(_Committer):
-        def commit(self, committable: str) -> CommitOutcome:
-            if ANSWERS:
-                return ANSWERS.pop(0)
-            sequence = int(committable.split("-t")[1].split("-")[0])
-            if sequence > len(COMMITTED):
-                return CommitOutcome.retry_later(f"sequence {len(COMMITTED)} first")
-            if sequence < len(COMMITTED):
-                return CommitOutcome.already_committed()
-            COMMITTED.append(committable)
-            return CommitOutcome.committed()
+    def __init__(self, script: dict[int, list[str]]) -> None:
+        self.script = script
 
-    class InOrderSink(MemorySink):
-        def create_committer(self, context):
-            return InOrder()
+    def commit(self, committable: str) -> CommitOutcome:
+        sequence = int(committable.split("-t")[1].split("-")[0])
+        if sequence > len(COMMITTED):
+            return CommitOutcome.retry_later(f"sequence {len(COMMITTED)} first")
+        if sequence < len(COMMITTED):
+            return CommitOutcome.already_committed()
+        if self.script.get(sequence):
+            return CommitOutcome.retry_later(self.script[sequence].pop(0))
+        COMMITTED.append(committable)
+        return CommitOutcome.committed()
 
+
+class _InOrderSink(MemorySink):
+    def __init__(self, script: dict[int, list[str]] | None = None) -> None:
+        super().__init__(EO)
+        self.script = script or {}
+
+    def create_committer(self, context):
+        return _InOrder(self.script)
+
+
+def _two_committables_in_order(monkeypatch, script=None):
+    """An operator of an in-order sink with two checkpoints' committables pending (the
+    first checkpoint's notification never came), its clean-up allowed to sleep; and the
+    state of the second checkpoint."""
     monkeypatch.setattr(sink_operator.time, "sleep", lambda seconds: None)  # a clean-up thread
-    op = operator(InOrderSink(EO), FakeTimers(), CommitRetryPolicy(max_retries=2))
+    op = operator(_InOrderSink(script), FakeTimers(), CommitRetryPolicy(max_retries=2))
     op.process(rows())
     op.snapshot_state(1)
     op.process(rows())
-    state = op.snapshot_state(2)  # both pending: checkpoint 1's notification never came
-    restored = operator(InOrderSink(EO), FakeTimers(), CommitRetryPolicy(max_retries=2))
+    return op, op.snapshot_state(2)
+
+
+def test_cancel_clean_up_commits_in_the_order_the_committer_needs(monkeypatch):
+    """The restore's first committable answered RETRY_LATER and is due; the recovery
+    thread had not reached the second when the job was cancelled. The clean-up commits
+    both, in either order of its lists, within its retries."""
+    _, state = _two_committables_in_order(monkeypatch)
+    restored = operator(_InOrderSink(), FakeTimers(), CommitRetryPolicy(max_retries=2))
     restored.restore_state([state])
     first, second = restored.restored
     # the recovery thread: the first answered RETRY_LATER (now due); cancelled before the second
@@ -527,30 +544,7 @@ def test_cancel_clean_up_gives_a_committable_its_retries_after_the_one_it_waited
     """In the clean-up, the second committable answers RETRY_LATER while the first is not
     committed (which needs two retries of its own), then needs two retries of its own:
     the retries spent waiting on the first do not count against it."""
-    script = {0: ["busy", "busy"], 1: ["busy", "busy"]}
-
-    class InOrder(_Committer):
-        def commit(self, committable: str) -> CommitOutcome:
-            sequence = int(committable.split("-t")[1].split("-")[0])
-            if sequence > len(COMMITTED):
-                return CommitOutcome.retry_later(f"sequence {len(COMMITTED)} first")
-            if sequence < len(COMMITTED):
-                return CommitOutcome.already_committed()
-            if script[sequence]:
-                return CommitOutcome.retry_later(script[sequence].pop(0))
-            COMMITTED.append(committable)
-            return CommitOutcome.committed()
-
-    class InOrderSink(MemorySink):
-        def create_committer(self, context):
-            return InOrder()
-
-    monkeypatch.setattr(sink_operator.time, "sleep", lambda seconds: None)  # a clean-up thread
-    op = operator(InOrderSink(EO), FakeTimers(), CommitRetryPolicy(max_retries=2))
-    op.process(rows())
-    op.snapshot_state(1)
-    op.process(rows())
-    op.snapshot_state(2)
+    op, _ = _two_committables_in_order(monkeypatch, {0: ["busy", "busy"], 1: ["busy", "busy"]})
     op.on_cancel(latest_completed=2)
     assert [c.split("-c")[0] for c in COMMITTED] == ["s0-t0", "s0-t1"]
 

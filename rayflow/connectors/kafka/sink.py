@@ -120,7 +120,6 @@ Failure schedules (who dies right after which step) and what recovery sees:
   otherwise move the marker past it, from its first try on, even when that try could not
   read the marker, and again after an earlier one is committed again (unit:
   ``test_commits_of_one_writer_stay_in_order``,
-  ``test_commits_stay_in_order_when_the_marker_cannot_be_read``,
   ``test_a_commit_repeated_after_it_succeeded_keeps_a_later_one_waiting``); a commit its
   retry finds committed (``commit_transaction`` failed after the broker committed) no
   longer holds them back
