@@ -799,10 +799,17 @@ class JobClient:
 
     def _release(self) -> None:
         """The run is over: its job master (and any actor of the job left) goes, and
-        only then its job name's lock."""
+        only then its job name's lock. While processes of its actors still run, the lock
+        stays (until this process ends): no next run of the name starts beside them."""
         try:
             ray.kill(self._master, no_restart=True)
+        except Exception:  # noqa: BLE001 - already gone
+            pass
+        try:
             _kill_job_actors(self.job_id)
+        except JobFailedError as exc:
+            log.error("%s; job name %r stays locked while this process lives", exc, self.job_name)
+            return
         except Exception:  # noqa: BLE001 - already gone, or going
             pass
         release_run_lock(self._lock)

@@ -175,3 +175,28 @@ def test_waiting_for_exits_works_where_an_event_loop_already_runs(no_ray):
         return actor_exit.wait_exited([ActorProcess(HERE, 2**22 + 12345)], 5)
 
     assert asyncio.run(in_a_loop())
+
+
+def test_a_run_whose_actors_processes_still_run_keeps_its_job_names_lock(monkeypatch):
+    """At a run's end its actors are killed, then its job name's lock is released; while
+    their processes still run (not seen to exit), the lock is kept: no next run of the
+    name starts beside them."""
+    from rayflow import environment
+    from rayflow.errors import JobFailedError
+
+    released = []
+
+    def still_running(job_id, timeout_s=30.0):
+        raise JobFailedError(f"job {job_id}: processes of its actors still run")
+
+    monkeypatch.setattr(environment, "_kill_job_actors", still_running)
+    monkeypatch.setattr(environment, "release_run_lock", released.append)
+    monkeypatch.setattr(environment.ray, "kill", lambda actor, no_restart=True: None)
+    client = object.__new__(environment.JobClient)
+    client._master, client.job_id, client.job_name = None, "abc", "nightly"
+    client._lock, client._warm = "the lock", None
+    client._release()
+    assert released == []
+    monkeypatch.setattr(environment, "_kill_job_actors", lambda job_id, timeout_s=30.0: None)
+    client._release()
+    assert released == ["the lock"]
