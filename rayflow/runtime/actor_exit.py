@@ -5,9 +5,11 @@ marks the actor dead, which is before the actor's process has exited: a thread o
 still run (and write to the outside world) for milliseconds after, longer on a loaded
 machine. So an actor counts as gone only once its process is seen to have exited: on this
 node by its pid, on another node by a task pinned to that node (a node that is gone took
-the process with it). Each actor is asked where it runs (node and pid) right before it is
-killed; one that cannot say (dead already, or no such method) is taken as gone once Ray
-says so, as before.
+the process with it). Where each actor runs (node and pid) is what the caller learnt
+earlier (a job master asks every actor it deploys) or, else, asked right before the kill;
+one that cannot say (dead already, or no such method) is taken as gone once Ray says so.
+The processes of a lost job master's actors, which nobody can ask any more, come from
+Ray's actor table (:func:`processes_named`).
 """
 
 from __future__ import annotations
