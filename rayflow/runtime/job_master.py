@@ -679,17 +679,12 @@ class JobMaster:
         cleaned = {k for k, ok in zip(keys, outcomes) if ok is True}
         await self._kill_everything_in(actors)
         missing = [k for k in self._two_phase_sink_subtasks() if k not in cleaned]
-        if missing and not await self._survivors_gone():
-            # fresh actors would commit and abort beside a process that may still write
-            self.clean_up_failure = (
-                f"sink subtasks {missing} were not cleaned up: {SURVIVORS}; their "
-                "transactions stay until the next run of this job recovers them"
-            )
-            return
         if missing and self.settings.checkpointing:
             tries, tried, reason = 2, 0, None
             while missing and reason is None and tried < tries:
-                if not await self._survivors_gone():  # (of the try before, say)
+                if not await self._survivors_gone():
+                    # fresh actors would commit and abort beside a process (of an attempt,
+                    # or of the try before) that may still write
                     reason = SURVIVORS
                     break
                 # stops when done, or failed in a way no other try can fix
