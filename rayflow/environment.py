@@ -890,8 +890,9 @@ def _kill_job_actors(job_id: str, timeout_s: float = 30.0) -> None:
         # Ray calls the actors of a lost job master dead before their processes exit
         if not wait_exited(processes_named(f"rayflow:{job_id}:"), timeout_s):
             raise JobFailedError(
-                f"job {job_id}: processes of its lost job master's actors still run after "
-                f"{timeout_s:g} s; not starting another one beside them"
+                f"job {job_id}: processes of its actors (a lost job master's, or those of "
+                f"its run) still run after {timeout_s:g} s; nothing of it starts again "
+                "beside them"
             )
     finally:
         # also when some still answer: Ray kills what runs in a removed group

@@ -218,9 +218,11 @@ async def kill_and_wait(
     if not actors:
         return
     known = known or {}
-    asked = await asyncio.gather(
-        *(_known(known.get(id(actor))) or process_of(actor) for actor in actors)
-    )
+
+    async def where(actor: Any) -> ActorProcess | None:
+        return known.get(id(actor)) or await process_of(actor)
+
+    asked = await asyncio.gather(*map(where, actors))
     for actor in actors:
         try:
             ray.kill(actor, no_restart=True)
@@ -228,13 +230,8 @@ async def kill_and_wait(
             pass
     deadline = time.monotonic() + (KILL_TIMEOUT_S if timeout_s is None else timeout_s)
     dead = await asyncio.gather(*(_dead(actor, deadline) for actor in actors))
-    by_node: dict[str, list[tuple[int, float | None]]] = {}
-    for process, ok in zip(asked, dead):
-        if ok and process is not None:
-            by_node.setdefault(process.node_id, []).append((process.pid, process.started_by))
-    nodes = list(by_node)
-    exited = dict(
-        zip(nodes, await asyncio.gather(*(_exited(n, by_node[n], deadline) for n in nodes)))
+    exited = await _exited_by_node(
+        [p for p, ok in zip(asked, dead) if ok and p is not None], deadline
     )
     alive = [
         actor
@@ -248,14 +245,14 @@ async def kill_and_wait(
         )
 
 
-def _known(process: ActorProcess | None) -> Any:
-    if process is None:
-        return None
-
-    async def known() -> ActorProcess:
-        return process
-
-    return known()
+async def _exited_by_node(processes: list[ActorProcess], deadline: float) -> dict[str, bool]:
+    """Per node of ``processes``: whether all of them there have exited by ``deadline``."""
+    by_node: dict[str, list[tuple[int, float | None]]] = {}
+    for process in processes:
+        by_node.setdefault(process.node_id, []).append((process.pid, process.started_by))
+    nodes = list(by_node)
+    answers = await asyncio.gather(*(_exited(n, by_node[n], deadline) for n in nodes))
+    return dict(zip(nodes, answers))
 
 
 def processes_named(prefix: str) -> list[ActorProcess]:
@@ -288,14 +285,10 @@ def wait_exited(processes: list[ActorProcess], timeout_s: float) -> bool:
     runs after ``timeout_s``."""
     if not processes:
         return True
-    by_node: dict[str, list[tuple[int, float | None]]] = {}
-    for process in processes:
-        by_node.setdefault(process.node_id, []).append((process.pid, process.started_by))
     deadline = time.monotonic() + timeout_s
 
     async def every_node() -> bool:
-        answers = await asyncio.gather(*(_exited(n, pids, deadline) for n, pids in by_node.items()))
-        return all(answers)
+        return all((await _exited_by_node(processes, deadline)).values())
 
     # in a thread of its own: the caller's thread may run an event loop (a notebook's)
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
