@@ -66,11 +66,13 @@ from rayflow.runtime.records import (
     RETURNS_RECORD,
     RETURNS_RECORDS,
     YIELDS_RECORDS,
+    Columns,
     OutputRecords,
     batch_to_columns,
     batch_to_rows,
     iter_columns,
 )
+from rayflow.runtime.reduce_loop import END, ReduceLoop, reduce_loop
 from rayflow.sink import Sink, SinkContext
 from rayflow.state import KeyedStateBackend
 
@@ -229,9 +231,9 @@ def _in_slices(
     return in_slices
 
 
-#: A per-record operator's records out for a batch, and their timestamps (None where the
-#: batch has none, or the operator emits none).
-Records = tuple[list[Any], list[int] | None]
+#: A per-record operator's records out for a batch (or their values as columns), and
+#: their timestamps (None where the batch has none, or the operator emits none).
+Records = tuple[list[Any] | Columns, list[int] | None]
 
 
 def _process_records(op: Any, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
@@ -285,7 +287,7 @@ def _as_whole(op: Any, done: list[pa.RecordBatch], rest: Iterable[Records]) -> l
             timed = True
             stamps += timestamps.to_pylist()
     for records, more in rest:
-        rows += records
+        rows += records.rows() if isinstance(records, Columns) else records
         if more is not None:
             timed = True
             stamps += more
@@ -481,22 +483,73 @@ class KeyedReduceOperator(_KeyedOperator):
         self._sets_key = isinstance(fn, Function)
         self._tables = self.backend.key_tables(self.STATE)
         self._out = self._output()
+        self._loop_schema: pa.Schema | None = None
+        self._loop: ReduceLoop | None = None
+
+    def _compiled_loop(self) -> ReduceLoop | None:
+        """The loop that emits into columns, once the output's schema is settled (None
+        before, and for a schema it cannot take: :mod:`rayflow.runtime.reduce_loop`)."""
+        out = self._out
+        if not out.settled or out.schema is None:
+            return None
+        if out.schema is not self._loop_schema:
+            self._loop_schema = out.schema
+            self._loop = reduce_loop(out.schema, self._sets_key)
+        return self._loop
 
     def _records(self, batch: pa.RecordBatch) -> Records:
         if not batch.num_rows:
             return [], None
         rows, keys = self._lazy_rows_and_keys(batch)
+        pairs = zip(keys, rows)
+        backend = self.backend
+        # the state keeps the value, the output a copy: the next call may change the value
+        copy = self._copier()
+        loop = self._compiled_loop()
+        out: list[Any] = []
+        key = None
+        if loop is not None:
+            assert self._loop_schema is not None
+            names = tuple(self._loop_schema.names)
+            columns = Columns(names, [[] for _ in names])
+            where: list[Any] = [None, None]
+            try:
+                key, value = loop(
+                    pairs,
+                    self._tables,
+                    backend.table_of_key,
+                    self.STATE,
+                    self._call,
+                    backend.set_current_key,
+                    columns.lists,
+                    where,
+                )
+            except Exception as exc:
+                error = self._failed(where[1], exc)
+                if error is exc:
+                    raise
+                raise error from exc
+            if value is END:
+                backend.set_current_key(key)  # where setting it per record would have left it
+                return columns, None
+            # not a record of the schema's keys and types: it and the rest go as records
+            out = columns.rows()
+            out.append(value if copy is None else copy(value))
+        return self._reduced_records(pairs, out, copy, key), None
+
+    def _reduced_records(
+        self, pairs: Iterator[tuple[Any, Any]], out: list[Any], copy: Any, key: Any
+    ) -> list[Any]:
+        """Reduces the records of ``pairs`` (key, record), appending what is emitted to
+        ``out`` (copied with ``copy``); ``key`` is the key of the last record before."""
         backend, call, name = self.backend, self._call, self.STATE
         tables, table_of_key = self._tables, backend.table_of_key
         set_key = backend.set_current_key if self._sets_key else None
-        out: list[dict[str, Any]] = []
         append = out.append
-        # the state keeps the value, the output a copy: the next call may change the value
-        copy = self._copier()
         shallow = copies_shallowly(copy)  # a plain dict: dict.copy, called at once
-        key = previous = None
+        previous = None
         try:
-            for key, record in zip(keys, rows):
+            for key, record in pairs:
                 if set_key is not None:
                     set_key(key)
                 table = tables.get(key)
@@ -511,15 +564,23 @@ class KeyedReduceOperator(_KeyedOperator):
                     append(value.copy())
                 else:
                     append(copy(value))
-        except StopIteration as exc:
-            raise _stopped(self._out.what) from exc
         except Exception as exc:
-            # An earlier call returned no record, and this call failed on it.
-            if previous is not None and not isinstance(previous, dict):
-                raise RecordError(self._out.not_a_record(previous)) from exc
-            raise
+            error = self._failed(previous, exc)
+            if error is exc:
+                raise
+            raise error from exc
         backend.set_current_key(key)  # where setting it per record would have left it
-        return out, None
+        return out
+
+    def _failed(self, previous: Any, exc: Exception) -> Exception:
+        """The error to raise for ``exc``, raised by the call on ``previous`` (the state's
+        value): a StopIteration in words, and an earlier call that returned no record
+        (the cause of this one's failure) named; else ``exc`` itself."""
+        if isinstance(exc, StopIteration):
+            return _stopped(self._out.what)
+        if previous is not None and not isinstance(previous, dict):
+            return RecordError(self._out.not_a_record(previous))
+        return exc
 
     def process(self, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
         return _process_records(self, batch)

@@ -44,6 +44,7 @@ __all__ = [
     "record_copier",
     "copy_record",
     "copies_shallowly",
+    "is_flat",
     "take_records",
     "records_extender",
 ]
@@ -157,7 +158,7 @@ def _storage(type_: pa.DataType) -> pa.DataType:
     return type_
 
 
-def _is_flat(schema: pa.Schema) -> bool:
+def is_flat(schema: pa.Schema) -> bool:
     """Every column takes only values of an immutable Python type (numbers, times; no
     lists, structs or maps, no text or binary, which take a bytearray, and no intervals,
     which take a dateutil ``relativedelta``, whose fields can be set). An extension type
@@ -177,7 +178,7 @@ def record_copier(schema: pa.Schema | None) -> Callable[[Any], Any]:
     With a schema of number and time columns a shallow copy is a full one: a record whose
     value does not fit its column is rejected when the batch is built, so only such
     records skip the check of every value."""
-    if schema is not None and _is_flat(schema):
+    if schema is not None and is_flat(schema):
         return _copy_flat
     return copy_record
 

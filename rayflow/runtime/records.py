@@ -25,11 +25,17 @@ operator, or an attempt after a restart, take it from their own first batch; a d
 Records that all have the first record's keys (the common case) cost one C-level pass per
 column (an ``itemgetter`` mapped over the records) and one over the records' lengths;
 only when a key is missing or a count differs is the batch unified record by record.
+
+An operator that takes its records' values apart as it emits them (the keyed reduce's
+compiled loop, :mod:`rayflow.runtime.reduce_loop`) hands over :class:`Columns`: one list
+per key of the settled schema. They are built as the records would be; where they do not
+convert, the records are rebuilt from them and take the record path, with its errors.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any
 
@@ -43,6 +49,7 @@ __all__ = [
     "iter_columns",
     "rows_to_batch",
     "rows_to_batches",
+    "Columns",
     "OutputRecords",
     "RETURNS_RECORD",
     "RETURNS_RECORDS",
@@ -102,6 +109,24 @@ def batch_to_rows(batch: pa.RecordBatch) -> list[dict[str, Any]]:
     return batch_to_columns(batch)[0]
 
 
+@dataclass(frozen=True)
+class Columns:
+    """Records of one batch out, kept as one list of values per key, in ``names``' order:
+    record ``i`` is ``{name: values[i] for name, values in zip(names, lists)}``."""
+
+    names: tuple[str, ...]
+    lists: list[list[Any]]
+
+    def __len__(self) -> int:
+        return len(self.lists[0]) if self.lists else 0
+
+    def rows(self) -> list[dict[str, Any]]:
+        """The records as dicts."""
+        if not self.lists:
+            return []
+        return _builder(self.names)(*self.lists)
+
+
 #: What a function must return, in the words of :class:`OutputRecords`' errors.
 RETURNS_RECORD = "must return a dict (a record)"
 RETURNS_RECORDS = "must return an iterable of dicts (records) or None"
@@ -151,10 +176,15 @@ class OutputRecords:
 
     # --- batches --------------------------------------------------------------------------
 
-    def build(self, rows: list[Any]) -> list[pa.RecordBatch]:
+    def build(self, rows: list[Any] | Columns) -> list[pa.RecordBatch]:
         """The records ``rows`` as batches of the output's schema (none for no rows)."""
         if not rows:
             return []
+        if isinstance(rows, Columns):
+            batch = self._from_columns(rows)
+            if batch is not None:
+                return self._in_schema(batch, rows.rows)
+            rows = rows.rows()
         try:
             batch = self._same_keys(rows)
         except Exception:  # noqa: BLE001 - not all records with the first one's keys
@@ -173,11 +203,39 @@ class OutputRecords:
             self.settled = not any(_holds_null_type(t) for t in batch.schema.types)
             self._names = ()  # convert to its types from now on
             return [batch]
+        return self._in_schema(batch, lambda: rows)
+
+    def _in_schema(
+        self, batch: pa.RecordBatch, rows: Callable[[], list[Any]]
+    ) -> list[pa.RecordBatch]:
+        """``batch`` (of records ``rows()``, asked for only to name one in an error) in the
+        output's schema, which is known."""
+        schema = self.schema
+        assert schema is not None
         if batch.schema.equals(schema):  # metadata aside
             if self._metadata:
                 batch = pa.RecordBatch.from_arrays(batch.columns, schema=schema)
             return [batch]
-        return [self._conform(batch, rows)]
+        return [self._conform(batch, rows())]
+
+    def _from_columns(self, columns: Columns) -> pa.RecordBatch | None:
+        """The batch of ``columns``, converted as :meth:`_same_keys` converts records with
+        those keys; None where a value does not convert (the records then say why)."""
+        names = columns.names
+        if names != self._names:
+            self._getters = [itemgetter(name) for name in names]
+            self._types = self._direct_types(names)
+            self._names = names
+        try:
+            return pa.RecordBatch.from_arrays(
+                [
+                    pa.array(c) if t is None else pa.array(c, type=t)
+                    for c, t in zip(columns.lists, self._types)
+                ],
+                names=list(names),
+            )
+        except Exception:  # noqa: BLE001 - the record path gives the result or the error
+            return None
 
     def _same_keys(self, rows: list[Any]) -> pa.RecordBatch | None:
         """The batch when every record has exactly the first record's keys, else None

@@ -1,0 +1,120 @@
+"""The compiled per-record loop of a keyed ``reduce`` whose records leave as columns.
+
+Once the output's schema is settled, a reduce's loop takes each value it emits apart at
+once into one list per column (:class:`~rayflow.runtime.records.Columns`) instead of
+copying the dict and taking the copies apart after the loop: a value the state keeps and
+a later call may change has left already, as it was. The loop is compiled once per
+tuple of column names (the names enter its source only as ``repr()`` literals), so each
+value costs one ``append`` per column and no dict copy.
+
+Only values the output can take as they are go this way: a plain dict with exactly the
+schema's keys, and a ``str`` (``bytes``) in a text (binary) column, whose values could
+otherwise be a ``bytearray`` that changes later. The first value that is not such a
+record stops the loop and is handed back; the caller emits it, and what follows, as
+records (copied, converted and checked as every record is). A schema with a column whose
+values may be mutable (lists, structs, maps, dictionary-encoded or interval columns) or
+with a repeated name has no compiled loop (:func:`reduce_loop` gives None).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pyarrow as pa
+
+from rayflow.runtime.record_copy import is_flat
+
+__all__ = ["END", "ReduceLoop", "reduce_loop"]
+
+#: What a loop hands back when every pair was reduced and emitted into the columns.
+END = object()
+
+#: ``loop(pairs, tables, table_of_key, state_name, call, set_key, lists, where)`` ->
+#: ``(last key, END or the value it stopped at)``; ``where`` is a list of two that holds
+#: the last key and the state's value before the last call when the loop ends or raises.
+ReduceLoop = Callable[..., tuple[Any, Any]]
+
+_LOOPS: dict[tuple[tuple[str, ...], tuple[str | None, ...], bool], ReduceLoop] = {}
+_MAX_LOOPS = 256
+
+#: column types whose values the output takes only from an immutable type, by its name
+_CHECKED = (
+    (("is_string", "is_large_string"), "str"),
+    (("is_binary", "is_large_binary"), "bytes"),
+)
+
+
+def _check_of(type_: pa.DataType) -> str | None | bool:
+    """The type a value of a column of ``type_`` must be (a name), None for no check,
+    False where the loop cannot take the column."""
+    if is_flat(pa.schema([("c", type_)])):
+        return None
+    for tests, name in _CHECKED:
+        if any(getattr(pa.types, test)(type_) for test in tests):
+            return name
+    return False
+
+
+def reduce_loop(schema: pa.Schema, sets_key: bool) -> ReduceLoop | None:
+    """The compiled loop for an output of ``schema`` (``sets_key``: it sets the current
+    key before each call), or None where that output has none."""
+    names = tuple(schema.names)
+    if not names or len(set(names)) != len(names):
+        return None
+    checks = tuple(_check_of(t) for t in schema.types)
+    if any(check is False for check in checks):
+        return None
+    signature = (names, checks, sets_key)
+    loop = _LOOPS.get(signature)
+    if loop is None:
+        if len(_LOOPS) >= _MAX_LOOPS:
+            _LOOPS.clear()
+        loop = _LOOPS[signature] = _compile(names, checks, sets_key)  # type: ignore[arg-type]
+    return loop
+
+
+def _compile(names: tuple[str, ...], checks: tuple[str | None, ...], sets_key: bool) -> ReduceLoop:
+    n = len(names)
+    arguments = "pairs, tables, table_of_key, state_name, call, set_key, lists, where"
+    lines = [f"def reduce_loop({arguments}):"]
+    lines += [f"    a{i} = lists[{i}].append" for i in range(n)]
+    lines += [
+        "    key = previous = None",
+        "    try:",
+        "        for key, record in pairs:",
+    ]
+    if sets_key:
+        lines.append("            set_key(key)")
+    lines += [
+        "            table = tables.get(key)",
+        "            if table is None:",
+        "                table = table_of_key(key, state_name)",
+        "            previous = table.get(key)",
+        "            value = record if previous is None else call(previous, record)",
+        "            table[key] = value",
+        f"            if type(value) is not dict or len(value) != {n}:",
+        "                return key, value",
+        "            try:",
+    ]
+    lines += [f"                v{i} = value[{name!r}]" for i, name in enumerate(names)]
+    lines += [
+        "            except KeyError:",
+        "                return key, value",
+    ]
+    for i, check in enumerate(checks):
+        if check is not None:
+            lines += [
+                f"            if type(v{i}) is not {check} and v{i} is not None:",
+                "                return key, value",
+            ]
+    lines += [f"            a{i}(v{i})" for i in range(n)]
+    lines += [
+        "    finally:",
+        "        where[0] = key",
+        "        where[1] = previous",
+        "    return key, END",
+    ]
+    namespace: dict[str, Any] = {"END": END}
+    exec("\n".join(lines) + "\n", namespace)  # noqa: S102 - names only as repr() literals
+    return namespace["reduce_loop"]

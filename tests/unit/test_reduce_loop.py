@@ -1,0 +1,302 @@
+"""A keyed reduce emits into columns once its output's schema is settled
+(``rayflow.runtime.reduce_loop``): every record out is what the record path gave,
+including where a value is not a record of the schema, changes after it left, or fails."""
+
+from __future__ import annotations
+
+import datetime
+
+import pyarrow as pa
+import pytest
+
+from rayflow import CollectionSource, ReduceFunction, StreamExecutionEnvironment
+from rayflow.errors import RecordError, SchemaChangeError
+from rayflow.plan.partitioners import KeySelector
+from rayflow.runtime.operators import KeyedReduceOperator, OperatorContext
+from rayflow.runtime.records import Columns
+from rayflow.runtime.reduce_loop import reduce_loop
+from rayflow.state import ValueStateDescriptor
+from rayflow.testing import run_in_process
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _run(rows, reduce, batch_size: int = 2, output_type=None, name: str = "R") -> list[dict]:
+    """The records a parallelism-1 reduce of ``rows`` (by ``k``) emits, in order: the
+    first batch settles the schema, every later one goes through the compiled loop."""
+    env = StreamExecutionEnvironment.get_execution_environment().set_parallelism(1)
+    env.from_source(CollectionSource(rows, batch_size=batch_size)).key_by("k").reduce(
+        reduce, output_type=output_type, name=name
+    )
+    return run_in_process(env).records
+
+
+def _reference(rows, reduce) -> list[dict]:
+    """What a reduce emits, computed record by record with copies."""
+    state: dict = {}
+    out = []
+    for row in rows:
+        previous = state.get(row["k"])
+        value = dict(row) if previous is None else reduce(dict(previous), dict(row))
+        state[row["k"]] = value
+        out.append(dict(value))
+    return out
+
+
+def _add(a: dict, b: dict) -> dict:
+    return {"k": a["k"], "v": a["v"] + b["v"]}
+
+
+def _add_into(a: dict, b: dict) -> dict:
+    a["v"] += b["v"]
+    return a
+
+
+ROWS = [{"k": i % 3, "v": i} for i in range(20)]
+
+
+@pytest.mark.parametrize("reduce", [_add, _add_into])
+@pytest.mark.parametrize("batch_size", [1, 2, 7, 20])
+def test_the_running_values_are_those_of_the_record_path(reduce, batch_size):
+    assert _run(ROWS, reduce, batch_size) == _reference(ROWS, reduce)
+
+
+def _columns_after(schema_rows, batch_rows, reduce, output_type=None):
+    """What the operator's loop makes of ``batch_rows`` after ``schema_rows`` settled
+    its output (a reduce of ``reduce`` by ``k``)."""
+    op = KeyedReduceOperator(KeySelector("k"), reduce, output_type)
+    op.open(
+        OperatorContext(
+            job_name="j",
+            operator_name="R",
+            operator_uid="r",
+            subtask_index=0,
+            parallelism=1,
+            max_parallelism=128,
+            attempt=0,
+            checkpointing=True,
+            object_reuse=False,
+        )
+    )
+    op.process(pa.RecordBatch.from_pylist(schema_rows))
+    records, _ = op._records(pa.RecordBatch.from_pylist(batch_rows))
+    return op, records
+
+
+def test_a_settled_int_schema_leaves_as_columns():
+    op, records = _columns_after([{"k": 0, "v": 1}], [{"k": 0, "v": 2}, {"k": 1, "v": 3}], _add)
+    assert isinstance(records, Columns)
+    assert records.rows() == [{"k": 0, "v": 3}, {"k": 1, "v": 3}]
+    assert op.backend.current_key == 1  # the last record's, as per record
+
+
+def test_a_value_changed_after_it_left_leaves_as_it_was():
+    """``_add_into`` adds into the dict the state keeps: each value leaves as it was."""
+    _, records = _columns_after(
+        [{"k": 0, "v": 1}], [{"k": 0, "v": 2}, {"k": 0, "v": 3}, {"k": 0, "v": 4}], _add_into
+    )
+    assert isinstance(records, Columns)
+    assert records.lists == [[0, 0, 0], [3, 6, 10]]
+
+
+def _drop_v_at(limit: int):
+    def reduce(a: dict, b: dict) -> dict:
+        total = (a.get("v") or 0) + b["v"]
+        return {"k": a["k"]} if total > limit else {"k": a["k"], "v": total}
+
+    return reduce
+
+
+def test_a_record_lacking_a_key_and_those_after_it_go_as_records_with_nulls():
+    rows = [{"k": 0, "v": v} for v in range(1, 9)]
+    out = _run(rows, _drop_v_at(12), batch_size=4)
+    assert [r.get("v") for r in out] == [1, 3, 6, 10, None, 6, None, 8]
+    assert [r.get("v") for r in out] == [r.get("v") for r in _reference(rows, _drop_v_at(12))]
+    assert all(set(r) == {"k", "v"} for r in out)
+
+
+def test_a_record_with_a_new_key_is_named():
+    rows = [{"k": 0, "v": v} for v in range(1, 7)]
+
+    def reduce(a, b):
+        total = a["v"] + b["v"]
+        return {"k": a["k"], "v": total, "extra": 1} if total > 10 else {"k": a["k"], "v": total}
+
+    with pytest.raises(SchemaChangeError, match="reduce 'R'.*'extra'"):
+        _run(rows, reduce, batch_size=3)
+
+
+def test_a_value_of_another_type_is_named():
+    rows = [{"k": 0, "v": v} for v in range(1, 7)]
+
+    def reduce(a, b):
+        total = a["v"] + b["v"]
+        return {"k": a["k"], "v": "many" if total > 15 else total}  # the last record
+
+    with pytest.raises(SchemaChangeError, match="reduce 'R'.*'v'"):
+        _run(rows, reduce, batch_size=3)
+
+
+def test_a_float_into_an_int_column_is_named_not_truncated():
+    rows = [{"k": 0, "v": v} for v in range(1, 7)]
+
+    def reduce(a, b):
+        total = a["v"] + b["v"]
+        return {"k": a["k"], "v": total + 0.5 if total > 10 else total}
+
+    with pytest.raises(SchemaChangeError, match="reduce 'R'.*'v'"):
+        _run(rows, reduce, batch_size=3)
+
+
+def test_a_value_that_is_not_a_record_is_named():
+    rows = [{"k": 0, "v": v} for v in range(1, 7)]
+
+    def reduce(a, b):
+        total = a["v"] + b["v"]
+        return [total] if total > 10 else {"k": a["k"], "v": total}
+
+    with pytest.raises(RecordError, match="reduce 'R' must return a dict"):
+        _run(rows, reduce, batch_size=3)
+
+
+def test_a_call_failing_on_what_an_earlier_call_returned_names_that():
+    """The earlier call's list goes out as the value the state keeps; the batch fails
+    on the next call, which is given that list."""
+    rows = [{"k": 0, "v": v} for v in range(1, 9)]
+
+    def reduce(a, b):
+        total = a["v"] + b["v"]
+        return [total] if total == 10 else {"k": a["k"], "v": total}
+
+    with pytest.raises(RecordError, match=r"reduce 'R' must return a dict \(a record\), got list"):
+        _run(rows, reduce, batch_size=3)
+
+
+def test_a_stop_iteration_in_the_compiled_loop_is_named():
+    rows = [{"k": 0, "v": v} for v in range(1, 7)]
+
+    def reduce(a, b):
+        if a["v"] + b["v"] > 10:
+            raise StopIteration
+        return {"k": a["k"], "v": a["v"] + b["v"]}
+
+    with pytest.raises(RuntimeError, match="reduce 'R'.*StopIteration"):
+        _run(rows, reduce, batch_size=3)
+
+
+def test_an_error_of_the_function_is_raised_as_it_is():
+    rows = [{"k": 0, "v": v} for v in range(1, 7)]
+
+    def reduce(a, b):
+        if a["v"] + b["v"] > 10:
+            raise ZeroDivisionError("boom")
+        return {"k": a["k"], "v": a["v"] + b["v"]}
+
+    with pytest.raises(ZeroDivisionError, match="boom"):
+        _run(rows, reduce, batch_size=3)
+
+
+def test_a_bytearray_in_a_text_column_leaves_as_it_was():
+    """A text column takes a bytearray: the compiled loop hands it to the record path,
+    which copies it, so adding to it afterwards changes no record that left."""
+    rows = [{"k": 0, "s": "a"}] + [{"k": 0, "s": "b"}] * 5
+
+    def reduce(a, b):
+        if isinstance(a["s"], str) and len(a["s"]) < 3:
+            return {"k": 0, "s": a["s"] + b["s"]}
+        buffer = a["s"] if isinstance(a["s"], bytearray) else bytearray(a["s"], "ascii")
+        buffer.extend(b"b")
+        return {"k": 0, "s": buffer}
+
+    out = _run(rows, reduce, batch_size=2)
+    assert [r["s"] for r in out] == ["a", "ab", "abb", "abbb", "abbbb", "abbbbb"]
+
+
+def test_text_floats_bools_times_and_nulls_convert_as_records_do():
+    start = datetime.datetime(2026, 1, 1)
+    rows = [
+        {"k": i % 2, "s": str(i), "f": i / 2, "b": i % 3 == 0, "t": start, "n": str(i)}
+        for i in range(12)
+    ]
+
+    def reduce(a, b):
+        return {
+            "k": a["k"],
+            "s": a["s"] + b["s"],
+            "f": a["f"] + b["f"],
+            "b": a["b"] or b["b"],
+            "t": a["t"] + datetime.timedelta(seconds=b["f"]),
+            "n": None if b["s"] == "9" else b["s"],  # a null in a text column
+        }
+
+    assert _run(rows, reduce, batch_size=3) == _reference(rows, reduce)
+
+
+class _CountingReduce(ReduceFunction):
+    """Keeps a count per key in keyed state: the current key must be set per record."""
+
+    def open(self, runtime_context):
+        self.count = runtime_context.get_state(ValueStateDescriptor("count"))
+
+    def reduce(self, a, b):
+        seen = (self.count.value() or 1) + 1
+        self.count.update(seen)
+        return {"k": a["k"], "v": a["v"] + b["v"], "seen": seen}
+
+
+def test_a_reduce_function_sees_the_state_of_each_record_s_key():
+    rows = [{"k": i % 3, "v": i, "seen": 1} for i in range(15)]
+    out = _run(rows, _CountingReduce(), batch_size=4)
+    for k in range(3):
+        assert [r["seen"] for r in out if r["k"] == k] == [1, 2, 3, 4, 5]
+
+
+def test_a_big_batch_built_in_slices_falls_back_as_a_whole():
+    """A batch over one slice (8192 rows of two columns) whose later slice stops the
+    compiled loop is built whole from the slices' columns and records."""
+    rows = [{"k": 0, "v": 1}] + [{"k": i % 5, "v": 1} for i in range(20_000)]
+
+    def reduce(a, b):
+        total = a.get("v", 0) + b["v"]
+        return {"k": a["k"]} if total == 3000 else {"k": a["k"], "v": total}
+
+    out = _run(rows, reduce, batch_size=20_000)
+    assert sum("v" not in r for r in _reference(rows, reduce)) == 5  # once per key
+    assert [r.get("v") for r in out] == [r.get("v") for r in _reference(rows, reduce)]
+
+
+@pytest.mark.parametrize(
+    ("schema", "compiled"),
+    [
+        (pa.schema([("k", pa.int64()), ("v", pa.float64())]), True),
+        (pa.schema([("k", pa.string()), ("v", pa.binary())]), True),
+        (pa.schema([("k", pa.int64()), ("v", pa.list_(pa.int64()))]), False),
+        (pa.schema([("k", pa.int64()), ("v", pa.struct([("a", pa.int64())]))]), False),
+        (pa.schema([("k", pa.int64()), ("v", pa.dictionary(pa.int8(), pa.string()))]), False),
+        (pa.schema([("k", pa.int64()), ("k", pa.int64())]), False),
+        (pa.schema([]), False),
+    ],
+)
+def test_which_schemas_have_a_compiled_loop(schema, compiled):
+    assert (reduce_loop(schema, sets_key=False) is not None) is compiled
+
+
+def test_a_column_name_is_only_ever_a_literal():
+    names = ["k", "v'] ; import os #", 'q"\\n']
+    schema = pa.schema([(n, pa.int64()) for n in names])
+    loop = reduce_loop(schema, sets_key=False)
+    assert loop is not None
+    lists: list[list] = [[], [], []]
+    tables: dict = {}
+    record = {n: i for i, n in enumerate(names)}
+    key, end = loop(
+        iter([(1, dict(record))]),
+        tables,
+        lambda key, name: tables.setdefault(key, {}),
+        "reduce",
+        lambda a, b: a,
+        None,
+        lists,
+        [None, None],
+    )
+    assert lists == [[0], [1], [2]]
