@@ -755,10 +755,20 @@ class JobClient:
                 return  # another thread took over already
             try:
                 restarted = self._restart_master(exc)
-            except BaseException:
+            except BaseException as failed:
                 self._ending = JobState.FAILED
                 self._release()
                 self._state = self._ending  # shown once the job name is free
+                # the run is released: a later wait() raises this again, and never
+                # restarts a job master of it beside a next run of its name
+                self._outcome = (
+                    failed
+                    if isinstance(failed, Exception)
+                    else JobFailedError(
+                        f"job {self.job_name!r} failed: the restart of its lost job master "
+                        f"was interrupted ({type(failed).__name__})"
+                    )
+                )
                 raise
         if not restarted:
             error = self._lost_master_error(exc)

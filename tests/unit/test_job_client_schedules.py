@@ -91,3 +91,33 @@ def test_waiting_in_short_slices_still_takes_an_unreachable_job_master_over(monk
             except TimeoutError:
                 continue
     assert slices <= 4
+
+
+def test_a_second_wait_after_a_failed_restart_of_the_job_master_does_not_restart_it(
+    monkeypatch,
+):
+    """Schedule: the job master dies; the driver's restart of it fails (its run's state
+    could not be read); the run is released (its job name free for a next run) and
+    wait() raises. Before: a second wait() found the dead job master again and restarted
+    it: a job master of a released run, beside whatever next run took the name."""
+
+    def lost(*args, **kwargs):
+        raise ray.exceptions.RayActorError()
+
+    restarts: list[BaseException] = []
+
+    def restart_master(self, exc):
+        restarts.append(exc)
+        raise environment.JobFailedError("job 'partitioned': reading its state failed")
+
+    released: list[bool] = []
+    monkeypatch.setattr(environment.ray, "get", lost)
+    monkeypatch.setattr(JobClient, "_restart_master", restart_master)
+    monkeypatch.setattr(JobClient, "_release", lambda self: released.append(True))
+    client = _client()
+    with pytest.raises(environment.JobFailedError, match="reading its state failed"):
+        client.wait(timeout=5)
+    assert len(restarts) == 1 and released == [True]
+    with pytest.raises(environment.JobFailedError, match="reading its state failed"):
+        client.wait(timeout=5)
+    assert len(restarts) == 1, "a second wait() restarted the job master of a released run"
