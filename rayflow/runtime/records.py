@@ -28,8 +28,9 @@ only when a key is missing or a count differs is the batch unified record by rec
 
 An operator that takes its records' values apart as it emits them (the keyed reduce's
 compiled loop, :mod:`rayflow.runtime.reduce_loop`) hands over :class:`Columns`: one list
-per key of the settled schema. They are built as the records would be; where they do not
-convert, the records are rebuilt from them and take the record path, with its errors.
+per key of the settled schema. They are converted as records with those keys would be;
+where they do not convert, the records are rebuilt from them (with the schema's key
+order) and take the record path, whose error names the operator, a key and a record.
 """
 
 from __future__ import annotations

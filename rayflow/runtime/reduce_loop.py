@@ -2,18 +2,26 @@
 
 Once the output's schema is settled, a reduce's loop takes each value it emits apart at
 once into one list per column (:class:`~rayflow.runtime.records.Columns`) instead of
-copying the dict and taking the copies apart after the loop: a value the state keeps and
-a later call may change has left already, as it was. The loop is compiled once per
-tuple of column names (the names enter its source only as ``repr()`` literals), so each
-value costs one ``append`` per column and no dict copy.
+copying the dict and taking the copies apart after the loop: a value the state keeps
+and a later call changes has left already, as it was. A loop is compiled per tuple of
+column names, per tuple of the checks below and per whether it sets the current key
+(column names enter its source only as ``repr()`` literals; at most 256 loops are kept),
+so each value costs one ``append`` per column and no dict copy.
 
-Only values the output can take as they are go this way: a plain dict with exactly the
-schema's keys, and a ``str`` (``bytes``) in a text (binary) column, whose values could
-otherwise be a ``bytearray`` that changes later. The first value that is not such a
-record stops the loop and is handed back; the caller emits it, and what follows, as
-records (copied, converted and checked as every record is). A schema with a column whose
-values may be mutable (lists, structs, maps, dictionary-encoded or interval columns) or
-with a repeated name has no compiled loop (:func:`reduce_loop` gives None).
+What goes this way: a plain dict whose keys look up as exactly the schema's names (a
+key object equal to a name, with its hash, counts as that name, as it does in any dict
+lookup), with a ``str`` (``bytes``) or None in each text (binary) column, whose values
+could otherwise be a ``bytearray`` that changes later. Values of number and time columns
+are not looked at: one that is not a number or a time (a list, a str) cannot be
+converted into its column, and the batch's records are then rebuilt from the columns
+(in the schema's key order, holding that value itself) and take the record path, which
+names the operator, the key and a record. The first value that is not such a record
+stops the loop and is handed back; the caller emits it, and the records after it, as
+records (copied, converted and checked as every record is). With object reuse on, too,
+what left through the columns shows the values as they were when emitted. A schema with
+a column whose values may be mutable (lists, structs, maps, dictionary-encoded or
+interval columns) or with a repeated name has no compiled loop (:func:`reduce_loop`
+gives None).
 """
 
 from __future__ import annotations

@@ -61,7 +61,7 @@ def test_the_running_values_are_those_of_the_record_path(reduce, batch_size):
     assert _run(ROWS, reduce, batch_size) == _reference(ROWS, reduce)
 
 
-def _columns_after(schema_rows, batch_rows, reduce, output_type=None):
+def _columns_after(schema_rows, batch_rows, reduce, output_type=None, reuse=False):
     """What the operator's loop makes of ``batch_rows`` after ``schema_rows`` settled
     its output (a reduce of ``reduce`` by ``k``)."""
     op = KeyedReduceOperator(KeySelector("k"), reduce, output_type)
@@ -75,7 +75,7 @@ def _columns_after(schema_rows, batch_rows, reduce, output_type=None):
             max_parallelism=128,
             attempt=0,
             checkpointing=True,
-            object_reuse=False,
+            object_reuse=reuse,
         )
     )
     op.process(pa.RecordBatch.from_pylist(schema_rows))
@@ -300,3 +300,69 @@ def test_a_column_name_is_only_ever_a_literal():
         [None, None],
     )
     assert lists == [[0], [1], [2]]
+
+
+class _EqualToV:
+    """A dict key that is not a str but looks up as ``"v"``."""
+
+    def __hash__(self) -> int:
+        return hash("v")
+
+    def __eq__(self, other: object) -> bool:
+        return other == "v"
+
+
+def test_a_key_that_looks_up_as_a_column_name_is_that_column():
+    """Review schedule: a key object equal to ``"v"`` (with its hash). The record path
+    named it as no str; the compiled loop takes the dict as the record it equals."""
+    rows = [{"k": 0, "v": v} for v in range(1, 5)]
+    out = _run(rows, lambda a, b: {"k": a["k"], _EqualToV(): a["v"] + b["v"]}, batch_size=2)
+    assert [r["v"] for r in out] == [1, 3, 6, 10]
+
+
+def test_with_object_reuse_on_the_compiled_loop_emits_values_as_they_were():
+    """Review schedule: object reuse on, a function adding into its accumulator. Nothing
+    is copied, but the columns take each value as it is emitted."""
+    op, records = _columns_after(
+        [{"k": 0, "v": 1}],
+        [{"k": 0, "v": 2}, {"k": 0, "v": 3}, {"k": 0, "v": 4}],
+        _add_into,
+        reuse=True,
+    )
+    assert isinstance(records, Columns)
+    assert records.lists == [[0, 0, 0], [3, 6, 10]]
+
+
+def test_a_list_in_an_int_column_beside_a_text_column_is_named():
+    """Review schedule: a schema with text and int columns; a list in the int column
+    that a later call changes. The batch fails naming the operator and the key."""
+    calls = {"n": 0}
+
+    def reduce(a, b):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            return {"k": 0, "s": "x", "v": [1]}
+        if isinstance(a["v"], list):
+            a["v"].append(99)
+            return {"k": 0, "s": "x", "v": 5}
+        return {"k": 0, "s": "x", "v": a["v"] + 1}
+
+    rows = [{"k": 0, "s": "a", "v": 0}, {"k": 0, "s": "b", "v": 0}] + [
+        {"k": 0, "s": "b", "v": 0}
+    ] * 3
+    with pytest.raises(SchemaChangeError, match="reduce 'R'.*'v'"):
+        _run(rows, reduce, batch_size=2)
+
+
+def test_two_bad_columns_in_another_key_order_name_one_of_them():
+    """Review schedule: the records come back in the schema's key order, so of two
+    columns holding a str the error may name the other one; it names the operator, one
+    of them and a record."""
+
+    def reduce(a, b):
+        bad = b["v"] > 2
+        return {"b": "x" if bad else 1, "a": "y" if bad else 1, "k": 0, "v": b["v"]}
+
+    rows = [{"k": 0, "a": 1, "b": 1, "v": v} for v in range(1, 6)]
+    with pytest.raises(SchemaChangeError, match="reduce 'R'.*'[ab]'"):
+        _run(rows, reduce, batch_size=2)
