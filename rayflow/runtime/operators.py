@@ -483,59 +483,69 @@ class KeyedReduceOperator(_KeyedOperator):
         self._sets_key = isinstance(fn, Function)
         self._tables = self.backend.key_tables(self.STATE)
         self._out = self._output()
-        self._loop_schema: pa.Schema | None = None
+        self._loop_for: tuple[Any, ...] | None = None
         self._loop: ReduceLoop | None = None
 
-    def _compiled_loop(self) -> ReduceLoop | None:
-        """The loop that emits into columns, once the output's schema is settled (None
-        before, and for a schema it cannot take: :mod:`rayflow.runtime.reduce_loop`)."""
+    def _compiled_loop(self, batch: pa.RecordBatch) -> ReduceLoop | None:
+        """The loop that builds ``batch``'s records and emits into columns, once the
+        output's schema is settled (None before, where the key is not one column of the
+        batch, and for a schema it cannot take: :mod:`rayflow.runtime.reduce_loop`)."""
         out = self._out
-        if not out.settled or out.schema is None:
+        schema = out.schema
+        if not out.settled or schema is None:
             return None
-        if out.schema is not self._loop_schema:
-            self._loop_schema = out.schema
-            self._loop = reduce_loop(out.schema, self._sets_key)
+        inputs = batch.schema.names
+        signature = (schema, inputs)
+        if self._loop_for != signature:
+            key = self.key.key
+            loop = None
+            if isinstance(key, str) and inputs.count(key) == 1:
+                loop = reduce_loop(tuple(inputs), inputs.index(key), schema, self._sets_key)
+            self._loop_for, self._loop = signature, loop
         return self._loop
 
     def _records(self, batch: pa.RecordBatch) -> Records:
         if not batch.num_rows:
             return [], None
-        rows, keys = self._lazy_rows_and_keys(batch)
-        pairs = zip(keys, rows)
         backend = self.backend
         # the state keeps the value, the output a copy: the next call may change the value
         copy = self._copier()
-        loop = self._compiled_loop()
-        out: list[Any] = []
-        key = None
-        if loop is not None:
-            assert self._loop_schema is not None
-            names = tuple(self._loop_schema.names)
-            columns = Columns(names, [[] for _ in names])
-            where: list[Any] = [None, None]
-            try:
-                key, value = loop(
-                    pairs,
-                    self._tables,
-                    backend.table_of_key,
-                    self.STATE,
-                    self._call,
-                    backend.set_current_key,
-                    columns.lists,
-                    where,
-                )
-            except Exception as exc:
-                error = self._failed(where[1], exc)
-                if error is exc:
-                    raise
-                raise error from exc
-            if value is END:
-                backend.set_current_key(key)  # where setting it per record would have left it
-                return columns, None
-            # not a record of the schema's keys and types: it and the rest go as records
-            out = columns.rows()
-            out.append(value if copy is None else copy(value))
-        return self._reduced_records(pairs, out, copy, key), None
+        loop = self._compiled_loop(batch)
+        if loop is None:
+            rows, keys = self._lazy_rows_and_keys(batch)
+            return self._reduced_records(zip(keys, rows), [], copy, None), None
+        schema = self._out.schema
+        assert schema is not None
+        columns = Columns(tuple(schema.names), [[] for _ in schema.names])
+        where: list[Any] = [None, None]
+        try:
+            key, value = loop(
+                self._tables,
+                backend.table_of_key,
+                self.STATE,
+                self._call,
+                backend.set_current_key,
+                columns.lists,
+                where,
+                *(column.to_pylist() for column in batch.columns),
+            )
+        except Exception as exc:
+            error = self._failed(where[1], exc)
+            if error is exc:
+                raise
+            raise error from exc
+        if value is END:
+            backend.set_current_key(key)  # where setting it per record would have left it
+            return columns, None
+        # not a record of the schema's keys and types: it and the rest go as records
+        out = columns.rows()
+        out.append(value if copy is None else copy(value))
+        rest = batch.slice(len(out))
+        if rest.num_rows:
+            rows, keys = self._lazy_rows_and_keys(rest)
+            return self._reduced_records(zip(keys, rows), out, copy, key), None
+        backend.set_current_key(key)
+        return out, None
 
     def _reduced_records(
         self, pairs: Iterator[tuple[Any, Any]], out: list[Any], copy: Any, key: Any

@@ -38,12 +38,15 @@ __all__ = ["END", "ReduceLoop", "reduce_loop"]
 #: What a loop hands back when every pair was reduced and emitted into the columns.
 END = object()
 
-#: ``loop(pairs, tables, table_of_key, state_name, call, set_key, lists, where)`` ->
-#: ``(last key, END or the value it stopped at)``; ``where`` is a list of two that holds
-#: the last key and the state's value before the last call when the loop ends or raises.
+#: ``loop(tables, table_of_key, state_name, call, set_key, lists, where, *columns)`` ->
+#: ``(last key, END or the value it stopped at)``: it builds each record from the input
+#: ``columns`` (one list of values per column) and reduces it; ``where`` is a list of
+#: two that holds the last key and the state's value before the last call when the loop
+#: ends or raises. The values it emitted are in ``lists``: as many as records it reduced
+#: before the one it stopped at.
 ReduceLoop = Callable[..., tuple[Any, Any]]
 
-_LOOPS: dict[tuple[tuple[str, ...], tuple[str | None, ...], bool], ReduceLoop] = {}
+_LOOPS: dict[tuple[Any, ...], ReduceLoop] = {}
 _MAX_LOOPS = 256
 
 #: column types whose values the output takes only from an immutable type, by its name
@@ -64,33 +67,53 @@ def _check_of(type_: pa.DataType) -> str | None | bool:
     return False
 
 
-def reduce_loop(schema: pa.Schema, sets_key: bool) -> ReduceLoop | None:
-    """The compiled loop for an output of ``schema`` (``sets_key``: it sets the current
-    key before each call), or None where that output has none."""
+def reduce_loop(
+    inputs: tuple[str, ...], key: int, schema: pa.Schema, sets_key: bool
+) -> ReduceLoop | None:
+    """The compiled loop for records with the column names ``inputs`` (the key is the
+    column at index ``key``) and an output of ``schema`` (``sets_key``: it sets the
+    current key before each call), or None where that output has none."""
     names = tuple(schema.names)
-    if not names or len(set(names)) != len(names):
+    if not inputs or not names or len(set(names)) != len(names):
         return None
     checks = tuple(_check_of(t) for t in schema.types)
     if any(check is False for check in checks):
         return None
-    signature = (names, checks, sets_key)
+    signature = (inputs, key, names, checks, sets_key)
     loop = _LOOPS.get(signature)
     if loop is None:
         if len(_LOOPS) >= _MAX_LOOPS:
             _LOOPS.clear()
-        loop = _LOOPS[signature] = _compile(names, checks, sets_key)  # type: ignore[arg-type]
+        loop = _LOOPS[signature] = _compile(*signature)  # type: ignore[arg-type]
     return loop
 
 
-def _compile(names: tuple[str, ...], checks: tuple[str | None, ...], sets_key: bool) -> ReduceLoop:
+def _compile(
+    inputs: tuple[str, ...],
+    key: int,
+    names: tuple[str, ...],
+    checks: tuple[str | None, ...],
+    sets_key: bool,
+) -> ReduceLoop:
     n = len(names)
-    arguments = "pairs, tables, table_of_key, state_name, call, set_key, lists, where"
+    columns = ", ".join(f"c{i}" for i in range(len(inputs)))
+    arguments = f"tables, table_of_key, state_name, call, set_key, lists, where, {columns}"
     lines = [f"def reduce_loop({arguments}):"]
     lines += [f"    a{i} = lists[{i}].append" for i in range(n)]
     lines += [
         "    key = previous = None",
         "    try:",
-        "        for key, record in pairs:",
+    ]
+    if len(inputs) == 1:
+        lines.append("        for i0 in c0:")
+    else:
+        items = ", ".join(f"i{i}" for i in range(len(inputs)))
+        lines.append(f"        for {items} in zip({columns}):")
+    # the record as ``batch.to_pylist()`` gives it (see records._compile_builder)
+    record = ", ".join(f"{name!r}: i{i}" for i, name in enumerate(inputs))
+    lines += [
+        f"            key = i{key}",
+        f"            record = {{{record}}}",
     ]
     if sets_key:
         lines.append("            set_key(key)")

@@ -278,28 +278,34 @@ def test_a_big_batch_built_in_slices_falls_back_as_a_whole():
     ],
 )
 def test_which_schemas_have_a_compiled_loop(schema, compiled):
-    assert (reduce_loop(schema, sets_key=False) is not None) is compiled
+    assert (reduce_loop(("k", "v"), 0, schema, sets_key=False) is not None) is compiled
 
 
 def test_a_column_name_is_only_ever_a_literal():
-    names = ["k", "v'] ; import os #", 'q"\\n']
+    names = ("k", "v'] ; import os #", 'q"\\n', "}) or 1 #")
     schema = pa.schema([(n, pa.int64()) for n in names])
-    loop = reduce_loop(schema, sets_key=False)
+    loop = reduce_loop(names, 0, schema, sets_key=False)
     assert loop is not None
-    lists: list[list] = [[], [], []]
+    lists: list[list] = [[] for _ in names]
     tables: dict = {}
-    record = {n: i for i, n in enumerate(names)}
+    seen = []
+
+    def call(a, b):
+        seen.append(b)
+        return b
+
     key, end = loop(
-        iter([(1, dict(record))]),
         tables,
         lambda key, name: tables.setdefault(key, {}),
         "reduce",
-        lambda a, b: a,
+        call,
         None,
         lists,
         [None, None],
+        *([1, 1], [10, 11], [20, 21], [30, 31]),
     )
-    assert lists == [[0], [1], [2]]
+    assert lists == [[1, 1], [10, 11], [20, 21], [30, 31]]
+    assert seen == [dict(zip(names, (1, 11, 21, 31)))]
 
 
 class _EqualToV:
