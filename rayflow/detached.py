@@ -63,6 +63,10 @@ START_TIMEOUT_S = 300.0
 #: how often a host refreshes what it shows of a running job (status, checkpoints)
 REFRESH_S = 2.0
 
+#: how often a restarted host tries again to stop the actors of the run it lost, while
+#: some do not stop (the job name stays locked until they have)
+LOST_ACTORS_RETRY_S = 30.0
+
 _requested = False
 
 
@@ -161,7 +165,9 @@ class JobHost:
     hold committed, every other open transaction aborted; when another run of the name
     holds the lock by then, that run recovers them), then shows the job FAILED, its host
     lost, until it is removed. A job that had ended shows the end its run recorded in its
-    checkpoint storage."""
+    checkpoint storage. Where processes of the lost run's actors do not exit, the host
+    shows the job FAILED at once, cleans nothing up, and keeps the job name locked until
+    they have exited (it looks again every ``LOST_ACTORS_RETRY_S``)."""
 
     def __init__(
         self,
@@ -263,27 +269,48 @@ class JobHost:
             # nothing of the lost job master may run beside the one that cleans up
             _kill_job_actors(self.job_id)  # and its placement groups
         except Exception as exc:  # noqa: BLE001 - said in the outcome
-            note = f"its actors could not all be stopped ({_first_line(exc)})"
+            self._error = (
+                f"{self._error}; its actors could not all be stopped ({_first_line(exc)}): "
+                "its job name stays locked until they are, and the next run of it recovers "
+                "its open transactions"
+            )
+            self._end(state)
+            self._stop_lost_actors(_kill_job_actors)
+            release_run_lock_held_by(self.name, self.run_id)
+            return
+        recorded = _recorded_end(settings)
+        if recorded is not None:
+            state = recorded
+            self._error = (
+                f"the job had ended {state.value} before its job host was lost (its "
+                "process died); its result went with the host"
+            )
+            note = ""
+        elif not settings.checkpointing:
+            note = ""
         else:
-            recorded = _recorded_end(settings)
-            if recorded is not None:
-                state = recorded
-                self._error = (
-                    f"the job had ended {state.value} before its job host was lost (its "
-                    "process died); its result went with the host"
-                )
-                note = ""
-            elif not settings.checkpointing:
-                note = ""
-            else:
-                note = self._clean_up_transactions(clean_up_lost_run, graph, settings, *start)
+            note = self._clean_up_transactions(clean_up_lost_run, graph, settings, *start)
         release_run_lock_held_by(self.name, self.run_id)
         if note:
             self._error = f"{self._error}; {note}"
+        self._end(state)
+
+    def _end(self, state: JobState) -> None:
         with self._lock:
             self._state = state
             self._ended_at = time.time()
         self._ended.set()
+
+    def _stop_lost_actors(self, kill: Any) -> None:
+        """Tries to stop the lost run's actors every ``LOST_ACTORS_RETRY_S`` until every
+        one of their processes is gone (while this host lives)."""
+        while True:
+            time.sleep(LOST_ACTORS_RETRY_S)
+            try:
+                kill(self.job_id)
+                return
+            except Exception:  # noqa: BLE001 - still there: the job name stays locked
+                continue
 
     def _clean_up_transactions(self, clean_up: Any, *run: Any) -> str:
         try:
