@@ -42,7 +42,7 @@ from rayflow.plan.physical import JobGraph, build_job_graph
 from rayflow.plan.resources import ResourceSpec
 from rayflow.ray_connect import check_address, quiet_local_start
 from rayflow.recoverability import FailureClassifier
-from rayflow.runtime.actor_exit import processes_named, wait_exited
+from rayflow.runtime.actor_exit import ActorTableUnavailable, wait_named_exited
 from rayflow.runtime.channels import DEFAULT_BUFFER_TIMEOUT_MS
 from rayflow.runtime.debloat import MIN_TARGET_MS
 from rayflow.runtime.hook_env import mark_hooked_raylet
@@ -817,11 +817,15 @@ class JobClient:
             pass
         try:
             _kill_job_actors(self.job_id)
-        except JobFailedError as exc:
-            log.error("%s; job name %r stays locked while this process lives", exc, self.job_name)
+        except Exception as exc:  # noqa: BLE001 - not known to be stopped: said, lock kept
+            log.error(
+                "job %r: its actors could not all be stopped (%s: %s); its job name stays "
+                "locked while this process lives",
+                self.job_name,
+                type(exc).__name__,
+                exc,
+            )
             return
-        except Exception:  # noqa: BLE001 - already gone, or going
-            pass
         release_run_lock(self._lock)
         self._lock = None
         if self._warm is not None:
@@ -898,7 +902,13 @@ def _kill_job_actors(job_id: str, timeout_s: float = 30.0) -> None:
     try:
         _wait_until_dead(job_id, handles, timeout_s)
         # Ray calls the actors of a lost job master dead before their processes exit
-        if not wait_exited(processes_named(f"rayflow:{job_id}:"), timeout_s):
+        try:
+            exited = wait_named_exited(f"rayflow:{job_id}:", timeout_s)
+        except ActorTableUnavailable as exc:
+            raise JobFailedError(
+                f"job {job_id}: {exc}; nothing of it starts again before that is known"
+            ) from None
+        if not exited:
             raise JobFailedError(
                 f"job {job_id}: processes of its actors (a lost job master's, or those of "
                 f"its run) still run after {timeout_s:g} s; nothing of it starts again "

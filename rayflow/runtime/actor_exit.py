@@ -9,7 +9,9 @@ the process with it). Where each actor runs (node and pid) is what the caller le
 earlier (a job master asks every actor it deploys) or, else, asked right before the kill;
 one that cannot say (dead already, or no such method) is taken as gone once Ray says so.
 The processes of a lost job master's actors, which nobody can ask any more, come from
-Ray's actor table (:func:`processes_named`).
+Ray's actor table (:func:`processes_named`); a table that cannot be read raises rather
+than saying none run, and a Ray Client driver, which cannot read it and is no node of
+the cluster, waits for them in a task on the cluster (:func:`wait_named_exited`).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from ray.exceptions import ActorUnavailableError, RayActorError
 
 __all__ = [
     "ActorsStillAlive",
+    "ActorTableUnavailable",
     "ActorProcess",
     "KILL_TIMEOUT_S",
     "UNREACHABLE_IS_GONE_S",
@@ -34,6 +37,7 @@ __all__ = [
     "process_of",
     "processes_named",
     "wait_exited",
+    "wait_named_exited",
 ]
 
 #: A killed actor that cannot be reached for this long counts as gone (its node is lost
@@ -48,6 +52,15 @@ KILL_TIMEOUT_S = 30.0
 _WHEREABOUTS_TIMEOUT_S = 1.0
 #: How often the exit of a process on this node is looked for.
 _POLL_S = 0.005
+#: How many times Ray's actor table is read before its reader gives up, and the pause
+#: between reads.
+_TABLE_TRIES = 3
+_TABLE_RETRY_S = 1.0
+
+
+class ActorTableUnavailable(RuntimeError):
+    """Ray's actor table could not be read: which processes of actors still run is not
+    known (never taken as none)."""
 
 
 class ActorsStillAlive(RuntimeError):
@@ -261,14 +274,24 @@ def processes_named(prefix: str) -> list[ActorProcess]:
     processes exit, and which nobody can ask any more. Each process counts as the
     actor's only if it started by :data:`_STARTED_SLACK_S` after the actor did (the GCS's
     clock and a node's may differ a little; a pid used again belongs to a process started
-    after the actor died). Empty when this Ray does not keep that table as expected (an
-    internal interface; not in Ray Client mode)."""
-    try:
-        from ray._private import state
+    after the actor died). Raises :class:`ActorTableUnavailable` where the table cannot
+    be read (the GCS does not answer; an internal interface, not in Ray Client mode:
+    there, see :func:`wait_named_exited`)."""
+    from ray._private import state
 
-        table = state.actors()
-    except Exception:  # noqa: BLE001 - an internal interface: nothing known
-        return []
+    for attempt in range(_TABLE_TRIES):
+        try:
+            table = state.actors()
+            break
+        except Exception as exc:  # noqa: BLE001 - said in the error, after a few tries
+            error = exc
+            if attempt + 1 < _TABLE_TRIES:
+                time.sleep(_TABLE_RETRY_S)
+    else:
+        raise ActorTableUnavailable(
+            f"Ray's actor table could not be read ({type(error).__name__}: {error}): "
+            f"whether processes of actors named {prefix!r}... still run is not known"
+        )
     found = []
     for info in table.values():
         if not str(info.get("Name") or "").startswith(prefix):
@@ -278,6 +301,30 @@ def processes_named(prefix: str) -> list[ActorProcess]:
         if pid and node and started:
             found.append(ActorProcess(str(node), int(pid), started / 1000.0 + _STARTED_SLACK_S))
     return found
+
+
+def wait_named_exited(prefix: str, timeout_s: float) -> bool:
+    """``wait_exited(processes_named(prefix), timeout_s)``, on the cluster: a Ray Client
+    driver (``ray://``) runs it in a task there (its own machine is no node of the
+    cluster, and cannot read Ray's actor table)."""
+    if _client_mode():
+        task = _wait_named_there.options(num_cpus=0, max_retries=0)
+        return bool(ray.get(task.remote(prefix, timeout_s), timeout=timeout_s + 120.0))
+    return wait_exited(processes_named(prefix), timeout_s)
+
+
+def _client_mode() -> bool:
+    try:
+        from ray.util.client import ray as client
+
+        return bool(client.is_connected())
+    except Exception:  # noqa: BLE001 - a Ray without a client
+        return False
+
+
+@ray.remote(num_cpus=0, max_retries=0)
+def _wait_named_there(prefix: str, timeout_s: float) -> bool:
+    return wait_exited(processes_named(prefix), timeout_s)
 
 
 def wait_exited(processes: list[ActorProcess], timeout_s: float) -> bool:

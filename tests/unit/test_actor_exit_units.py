@@ -200,3 +200,48 @@ def test_a_run_whose_actors_processes_still_run_keeps_its_job_names_lock(monkeyp
     monkeypatch.setattr(environment, "_kill_job_actors", lambda job_id, timeout_s=30.0: None)
     client._release()
     assert released == ["the lock"]
+
+
+def test_an_unreadable_actor_table_is_not_taken_as_no_processes(monkeypatch):
+    """Schedule: the GCS does not answer while a lost job master's actors are looked up.
+    Before: no processes were found, so none was waited for and the next run could
+    start beside them. Now reading the table is tried again, and then it raises."""
+    from ray._private import state
+
+    reads: list[int] = []
+
+    def unreadable():
+        reads.append(1)
+        raise ConnectionError("the GCS does not answer")
+
+    monkeypatch.setattr(state, "actors", unreadable)
+    monkeypatch.setattr(actor_exit, "_TABLE_RETRY_S", 0.01)
+    with pytest.raises(actor_exit.ActorTableUnavailable, match="'rayflow:job:'"):
+        actor_exit.processes_named("rayflow:job:")
+    assert len(reads) == actor_exit._TABLE_TRIES > 1
+
+
+def test_a_ray_client_driver_waits_for_processes_in_a_task_on_the_cluster(monkeypatch):
+    """Schedule: the driver is a Ray Client (``ray://``): its machine is no node of the
+    cluster and cannot read Ray's actor table. Before: the table read failed, nothing
+    was waited for. Now the wait runs in a task on the cluster."""
+    sent: list[tuple] = []
+
+    class Task:
+        def options(self, **options):
+            sent.append(("options", options))
+            return self
+
+        def remote(self, *args):
+            sent.append(("remote", args))
+            return "ref"
+
+    monkeypatch.setattr(actor_exit, "_client_mode", lambda: True)
+    monkeypatch.setattr(actor_exit, "_wait_named_there", Task())
+    monkeypatch.setattr(actor_exit.ray, "get", lambda ref, timeout=None: ref == "ref")
+    monkeypatch.setattr(
+        actor_exit, "processes_named", lambda prefix: pytest.fail("read the table here")
+    )
+    assert actor_exit.wait_named_exited("rayflow:job:", 7.0)
+    assert ("remote", ("rayflow:job:", 7.0)) in sent
+    assert sent[0][1]["num_cpus"] == 0

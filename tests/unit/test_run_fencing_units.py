@@ -1119,3 +1119,30 @@ def test_no_attempt_starts_beside_a_killed_subtask_whose_process_still_runs(monk
     with pytest.raises(JobFailedError, match="no attempt or clean-up starts beside them"):
         asyncio.run(master._run_with_restarts())
     assert attempts == [0] and cleaned == [False] and master._survivors == [survivor]
+
+
+def test_a_run_whose_actors_cannot_be_checked_keeps_its_job_name(monkeypatch):
+    """Schedule: as a run ends, the check that its actors' processes have exited fails
+    (Ray's actor table unreadable, a probe lost). Before: any error but the one saying
+    processes still run released the job name's lock, so a next run could start beside
+    them. Now the lock stays while this driver lives."""
+    from rayflow import environment as env_module
+    from rayflow.environment import JobClient
+
+    released: list[object] = []
+
+    def unknown(job_id, timeout_s=30.0):
+        raise RuntimeError("Ray's actor table could not be read")
+
+    monkeypatch.setattr(env_module, "_kill_job_actors", unknown)
+    monkeypatch.setattr(env_module, "release_run_lock", lambda lock: released.append(lock))
+    monkeypatch.setattr(env_module.ray, "kill", lambda *args, **kwargs: None)
+    client = object.__new__(JobClient)
+    client.job_name = "unchecked"
+    client.job_id = "0123456789ab"
+    client._master = object()
+    client._lock = "the lock"
+    client._warm = None
+    client._release()
+    assert released == [], "released the job name while its actors' processes were unknown"
+    assert client._lock == "the lock"
