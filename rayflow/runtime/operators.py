@@ -507,13 +507,20 @@ class KeyedReduceOperator(_KeyedOperator):
     def _records(self, batch: pa.RecordBatch) -> Records:
         if not batch.num_rows:
             return [], None
+        # event time: each record out carries the timestamp of the record it came from
+        batch, timestamps = split_timestamps(batch)
+        stamps = None if timestamps is None else timestamps.to_pylist()
+        return self._reduced(batch), stamps
+
+    def _reduced(self, batch: pa.RecordBatch) -> list[Any] | Columns:
+        """What the records of ``batch`` (no timestamps) reduce to, one per record."""
         backend = self.backend
         # the state keeps the value, the output a copy: the next call may change the value
         copy = self._copier()
         loop = self._compiled_loop(batch)
         if loop is None:
             rows, keys = self._lazy_rows_and_keys(batch)
-            return self._reduced_records(zip(keys, rows), [], copy, None), None
+            return self._reduced_records(zip(keys, rows), [], copy, None)
         schema = self._out.schema
         assert schema is not None
         columns = Columns(tuple(schema.names), [[] for _ in schema.names])
@@ -536,16 +543,16 @@ class KeyedReduceOperator(_KeyedOperator):
             raise error from exc
         if value is END:
             backend.set_current_key(key)  # where setting it per record would have left it
-            return columns, None
+            return columns
         # not a record of the schema's keys and types: it and the rest go as records
         out = columns.rows()
         out.append(value if copy is None else copy(value))
         rest = batch.slice(len(out))
         if rest.num_rows:
             rows, keys = self._lazy_rows_and_keys(rest)
-            return self._reduced_records(zip(keys, rows), out, copy, key), None
+            return self._reduced_records(zip(keys, rows), out, copy, key)
         backend.set_current_key(key)
-        return out, None
+        return out
 
     def _reduced_records(
         self, pairs: Iterator[tuple[Any, Any]], out: list[Any], copy: Any, key: Any

@@ -9,8 +9,14 @@ import datetime
 import pyarrow as pa
 import pytest
 
-from rayflow import CollectionSource, ReduceFunction, StreamExecutionEnvironment
+from rayflow import (
+    CollectionSource,
+    KeyedProcessFunction,
+    ReduceFunction,
+    StreamExecutionEnvironment,
+)
 from rayflow.errors import RecordError, SchemaChangeError
+from rayflow.eventtime import WatermarkStrategy
 from rayflow.plan.partitioners import KeySelector
 from rayflow.runtime.operators import KeyedReduceOperator, OperatorContext
 from rayflow.runtime.records import Columns
@@ -372,3 +378,30 @@ def test_two_bad_columns_in_another_key_order_name_one_of_them():
     rows = [{"k": 0, "a": 1, "b": 1, "v": v} for v in range(1, 6)]
     with pytest.raises(SchemaChangeError, match="reduce 'R'.*'[ab]'"):
         _run(rows, reduce, batch_size=2)
+
+
+class _Stamps(KeyedProcessFunction):
+    def process_element(self, value, ctx):
+        yield {**value, "stamp": ctx.timestamp()}
+
+
+def _names_seen(a: dict, b: dict) -> dict:
+    return {"k": a["k"], "v": a["v"] + b["v"], "names": ",".join(sorted(b))}
+
+
+def test_event_time_stamps_stay_out_of_the_records_and_go_with_what_is_emitted():
+    """Review finding: the reduce gave its function, and emitted, records holding the
+    timestamp column of event time as a key, where map, flat_map, filter and process
+    take it off; records its function built had no timestamp. Each record out carries
+    the timestamp of the record it came from."""
+    rows = [{"k": i % 2, "v": i, "names": "", "t": 1000 + i} for i in range(12)]
+    env = StreamExecutionEnvironment.get_execution_environment().set_parallelism(1)
+    strategy = WatermarkStrategy.for_monotonous_timestamps().with_timestamp_assigner("t")
+    stream = env.from_source(CollectionSource(rows, batch_size=3), strategy)
+    keyed = stream.map(lambda r: {"k": r["k"], "v": r["v"], "names": ""}).key_by("k")
+    keyed.reduce(_names_seen).key_by("k").process(_Stamps())
+    out = run_in_process(env).records
+    assert [sorted(r) for r in out] == [["k", "names", "stamp", "v"]] * 12
+    assert {r["names"] for r in out[2:]} == {"k,names,v"}
+    assert [r["stamp"] for r in out] == [1000 + i for i in range(12)]
+    assert [r["v"] for r in out] == [r["v"] for r in _reference(rows, _add)]
