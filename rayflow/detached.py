@@ -241,10 +241,9 @@ class JobHost:
                 state = JobState.FAILED
             if not state.is_terminal:
                 state = JobState.FAILED
-        with self._lock:
-            self._state = state
-            self._ended_at = time.time()
-        self._ended.set()
+        if self._client.holds_job_name:  # its actors' processes not seen to exit
+            self._keep_name_until_stopped(state, self._client)
+        self._end(state)
 
     def _lost(self, *run: Any) -> None:
         """This host is a restart of one whose process died: a job still running died
@@ -261,24 +260,33 @@ class JobHost:
         threading.Thread(target=self._clean_up_lost, args=run, daemon=True).start()
 
     def _clean_up_lost(self, graph: Any, settings: Any, *start: Any) -> None:
-        from rayflow.environment import _kill_job_actors, clean_up_lost_run
-        from rayflow.runtime.run_lock import release_run_lock_held_by
+        from rayflow.environment import _kill_job_actors, start_lost_run_clean_up
+        from rayflow.runtime.run_lock import acquire_run_lock, release_run_lock
 
         state = JobState.FAILED
         try:
             # nothing of the lost job master may run beside the one that cleans up
             _kill_job_actors(self.job_id)  # and its placement groups
         except Exception as exc:  # noqa: BLE001 - said in the outcome
+            # the lost process's lock went with it: the name is held again here, and the
+            # job shown ending, until the lost run's processes are gone
             self._error = (
                 f"{self._error}; its actors could not all be stopped ({_first_line(exc)}): "
-                "its job name stays locked until they are, and the next run of it recovers "
-                "its open transactions"
+                "its job name stays locked until they are (looked at again every "
+                f"{LOST_ACTORS_RETRY_S:g} s), and the next run of it recovers its open "
+                "transactions"
             )
-            self._end(state)
+            try:
+                lock = acquire_run_lock(self.name, self.run_id)
+            except Exception as taken:  # noqa: BLE001 - another run holds the name now
+                lock = None
+                self._error = f"{self._error}; {_first_line(taken)}"
             self._stop_lost_actors(_kill_job_actors)
-            release_run_lock_held_by(self.name, self.run_id)
+            release_run_lock(lock)
+            self._end(state)
             return
         recorded = _recorded_end(settings)
+        client = None
         if recorded is not None:
             state = recorded
             self._error = (
@@ -289,10 +297,13 @@ class JobHost:
         elif not settings.checkpointing:
             note = ""
         else:
-            note = self._clean_up_transactions(clean_up_lost_run, graph, settings, *start)
-        release_run_lock_held_by(self.name, self.run_id)
+            note, client = self._clean_up_transactions(
+                start_lost_run_clean_up, graph, settings, *start
+            )
         if note:
             self._error = f"{self._error}; {note}"
+        if client is not None and client.holds_job_name:
+            self._keep_name_until_stopped(state, client)
         self._end(state)
 
     def _end(self, state: JobState) -> None:
@@ -300,6 +311,20 @@ class JobHost:
             self._state = state
             self._ended_at = time.time()
         self._ended.set()
+
+    def _keep_name_until_stopped(self, state: JobState, client: Any) -> None:
+        """The run ended (``state``) holding its job name: its actors' processes were not
+        seen to exit. Shown as ending, and the name kept, until ``client`` has stopped
+        them and released it."""
+        with self._lock:
+            self._state = state.while_ending
+            self._error = (
+                f"{self._error + '; ' if self._error else ''}its actors could not all be "
+                "stopped: its job name stays locked until they are (looked at again every "
+                f"{LOST_ACTORS_RETRY_S:g} s)"
+            )
+        while not client.release_stopped():
+            time.sleep(LOST_ACTORS_RETRY_S)
 
     def _stop_lost_actors(self, kill: Any) -> None:
         """Tries to stop the lost run's actors every ``LOST_ACTORS_RETRY_S`` until every
@@ -312,17 +337,33 @@ class JobHost:
             except Exception:  # noqa: BLE001 - still there: the job name stays locked
                 continue
 
-    def _clean_up_transactions(self, clean_up: Any, *run: Any) -> str:
+    def _clean_up_transactions(self, start_clean_up: Any, *run: Any) -> tuple[str, Any]:
+        """Cleans the lost run up as a cancel does; what happened, in words, and the
+        client that did it (None where none started)."""
+        from rayflow.errors import JobCancelledError
+
         try:
-            clean_up(*run)
+            client = start_clean_up(*run)
         except ConcurrentRunError:
-            return "another run of the job name holds it now, and recovers its open transactions"
+            return (
+                "another run of the job name holds it now, and recovers its open transactions",
+                None,
+            )
         except Exception as exc:  # noqa: BLE001 - said in the outcome
             return (
                 f"cleaning up failed ({_first_line(exc)}); the next run of the job name "
                 "recovers its open transactions"
-            )
-        return "cleaned up as a cancel is (open transactions aborted)"
+            ), None
+        try:
+            client.wait()
+        except JobCancelledError:
+            pass  # cleaned up
+        except Exception as exc:  # noqa: BLE001 - said in the outcome
+            return (
+                f"cleaning up failed ({_first_line(exc)}); the next run of the job name "
+                "recovers its open transactions"
+            ), client
+        return "cleaned up as a cancel is (open transactions aborted)", client
 
     def _refresh(self) -> None:
         while not self._ended.wait(REFRESH_S):

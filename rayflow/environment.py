@@ -293,6 +293,9 @@ class JobClient:
         self._ending: JobState | None = None
         self._cancel_requested = False
         self._takeover = threading.Lock()  # one job master takeover at a time
+        self._release_lock = threading.Lock()  # one release at a time
+        self._retrying = False  # a thread releases the job name once actors have stopped
+        self._released = False  # its job master and actors gone, its job name free
         #: (checkpoint id, savepoint directory) of the stop a lost job master had recorded,
         #: read when a new one takes over
         self._recorded_stop: tuple[int | None, str | None] | None = None
@@ -615,6 +618,8 @@ class JobClient:
             raise self._outcome
         deadline = None if timeout is None else time.time() + timeout
         while True:
+            if self._outcome is not None:  # another thread's takeover ended the run
+                raise self._outcome
             remaining = None if deadline is None else max(0.0, deadline - time.time())
             ref = self._run_ref
             try:
@@ -751,16 +756,17 @@ class JobClient:
         """The job master behind ``ref`` is lost: start the next one, once, whichever
         thread sees it first; raise if the run cannot go on."""
         with self._takeover:
+            if self._outcome is not None:
+                # another thread's takeover failed and released the run: no job master
+                # of it starts again (beside a next run of its name)
+                raise self._outcome
             if self._run_ref is not ref:
                 return  # another thread took over already
             try:
                 restarted = self._restart_master(exc)
             except BaseException as failed:
-                self._ending = JobState.FAILED
-                self._release()
-                self._state = self._ending  # shown once the job name is free
-                # the run is released: a later wait() raises this again, and never
-                # restarts a job master of it beside a next run of its name
+                # the run's outcome before its release (which may be interrupted): a
+                # later wait() raises it again, and never restarts a job master of it
                 self._outcome = (
                     failed
                     if isinstance(failed, Exception)
@@ -769,6 +775,11 @@ class JobClient:
                         f"was interrupted ({type(failed).__name__})"
                     )
                 )
+                self._ending = JobState.FAILED
+                try:
+                    self._release()
+                finally:
+                    self._state = self._ending  # shown once the job name is free
                 raise
         if not restarted:
             error = self._lost_master_error(exc)
@@ -807,31 +818,57 @@ class JobClient:
             error.non_recoverable = ended.non_recoverable
         return error
 
-    def _release(self) -> None:
+    @property
+    def holds_job_name(self) -> bool:
+        """Whether this run holds its job name's lock: while it runs, and after its end
+        for as long as processes of its actors are not known to have exited."""
+        return self._lock is not None
+
+    def release_stopped(self) -> bool:
+        """For a run that ended holding its job name: stop its actors again, and release
+        the name once their processes have exited. True once it is released."""
+        self._release(retry=False)
+        return self._released
+
+    def _release(self, retry: bool = True) -> None:
         """The run is over: its job master (and any actor of the job left) goes, and
-        only then its job name's lock. While processes of its actors still run, the lock
-        stays (until this process ends): no next run of the name starts beside them."""
-        try:
-            ray.kill(self._master, no_restart=True)
-        except Exception:  # noqa: BLE001 - already gone
-            pass
-        try:
-            _kill_job_actors(self.job_id)
-        except Exception as exc:  # noqa: BLE001 - not known to be stopped: said, lock kept
-            log.error(
-                "job %r: its actors could not all be stopped (%s: %s); its job name stays "
-                "locked while this process lives",
-                self.job_name,
-                type(exc).__name__,
-                exc,
-            )
-            return
-        release_run_lock(self._lock)
-        self._lock = None
-        if self._warm is not None:
-            # the next job of this driver finds its processes started
-            warm_workers.keep_warm(job_actor_count(self._graph), self._warm)
-            self._warm = None
+        only then its job name's lock. While processes of its actors still run (or
+        whether they do is not known), the lock stays: no next run of the name starts
+        beside them; a thread of this process looks again every ``RELEASE_RETRY_S`` and
+        releases it once they have exited (:meth:`release_stopped`)."""
+        with self._release_lock:
+            if self._released:
+                return
+            try:
+                ray.kill(self._master, no_restart=True)
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+            try:
+                _kill_job_actors(self.job_id)
+            except Exception as exc:  # noqa: BLE001 - not known to be stopped: lock kept
+                log.error(
+                    "job %r: its actors could not all be stopped (%s: %s); its job name "
+                    "stays locked until they are (looked at again every %g s)",
+                    self.job_name,
+                    type(exc).__name__,
+                    exc,
+                    RELEASE_RETRY_S,
+                )
+                if retry and not self._retrying:
+                    self._retrying = True
+                    threading.Thread(target=self._release_later, daemon=True).start()
+                return
+            release_run_lock(self._lock)
+            self._lock = None
+            self._released = True
+            if self._warm is not None:
+                # the next job of this driver finds its processes started
+                warm_workers.keep_warm(job_actor_count(self._graph), self._warm)
+                self._warm = None
+
+    def _release_later(self) -> None:
+        while not self.release_stopped():
+            time.sleep(RELEASE_RETRY_S)
 
 
 class CollectedRecords(list):
@@ -860,6 +897,9 @@ def settings_generation(settings: JobSettings) -> int:
 
 #: an unreachable job master is taken for lost after this long
 MASTER_UNREACHABLE_S = 60.0
+#: how often a run that ended holding its job name (its actors not known to have
+#: stopped) tries again to stop them and release the name
+RELEASE_RETRY_S = 30.0
 
 #: while waiting for a job, the driver polls its job master this often (for what the
 #: job's functions print, and the progress line)
@@ -904,9 +944,13 @@ def _kill_job_actors(job_id: str, timeout_s: float = 30.0) -> None:
         # Ray calls the actors of a lost job master dead before their processes exit
         try:
             exited = wait_named_exited(f"rayflow:{job_id}:", timeout_s)
-        except ActorTableUnavailable as exc:
+        except Exception as exc:  # noqa: BLE001 - not known: never taken as exited
+            what = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
+            if not isinstance(exc, ActorTableUnavailable):
+                what = f"{type(exc).__name__}: {what}"
             raise JobFailedError(
-                f"job {job_id}: {exc}; nothing of it starts again before that is known"
+                f"job {job_id}: whether processes of its actors still run is not known "
+                f"({what}); nothing of it starts again before that is known"
             ) from None
         if not exited:
             raise JobFailedError(
@@ -1039,19 +1083,21 @@ def _load_initial_restore(
     check_state_mapping(plan, graph, settings.initial_restore, allow_non_restored_state, where)
 
 
-def clean_up_lost_run(
+def start_lost_run_clean_up(
     graph: JobGraph,
     settings: JobSettings,
     restore_from: str | None,
     plan: LogicalPlan | None = None,
     allow_non_restored_state: bool = False,
-) -> None:
-    """Clean up a run whose job master was lost with the process that ran it (a detached
-    job's host) as a cancel does: a job master that only cleans up, committing what the
-    run's completed checkpoints hold and aborting every other open transaction. Takes the
-    job name's run lock for the run again (:class:`ConcurrentRunError` when another run
-    holds it: that run recovers the transactions) and releases it once done. The caller
-    makes sure no actor of the lost job master is left."""
+) -> JobClient:
+    """Start cleaning up a run whose job master was lost with the process that ran it (a
+    detached job's host) as a cancel does: a job master that only cleans up, committing
+    what the run's completed checkpoints hold and aborting every other open transaction.
+    Takes the job name's run lock for the run again (:class:`ConcurrentRunError` when
+    another run holds it: that run recovers the transactions). The caller makes sure no
+    actor of the lost job master is left, and waits for the client returned: its
+    ``wait()`` raises ``JobCancelledError`` once cleaned up, and releases the lock once
+    the clean-up's actors are gone (``holds_job_name`` says when it could not yet)."""
     job_name = settings.job_name
     config = settings.checkpoint_config
     storage = settings.storage()
@@ -1071,14 +1117,10 @@ def clean_up_lost_run(
             lambda: storage.write_job_state(settings.supervisor),
             f"job {job_name!r}: recording its state",
         )
-        client = JobClient(job_name, settings.job_id, graph, settings, lock)
+        return JobClient(job_name, settings.job_id, graph, settings, lock)
     except BaseException:
         release_run_lock(lock)
         raise
-    try:
-        client.wait()
-    except JobCancelledError:
-        pass  # cleaned up
 
 
 def _load_restore(config: CheckpointConfig, job_name: str, restore_from: str) -> CheckpointMetadata:

@@ -195,10 +195,12 @@ def test_a_run_whose_actors_processes_still_run_keeps_its_job_names_lock(monkeyp
     client = object.__new__(environment.JobClient)
     client._master, client.job_id, client.job_name = None, "abc", "nightly"
     client._lock, client._warm = "the lock", None
+    client._release_lock, client._released = environment.threading.Lock(), False
+    client._retrying = True  # no thread of its own trying again here
     client._release()
-    assert released == []
+    assert released == [] and client.holds_job_name
     monkeypatch.setattr(environment, "_kill_job_actors", lambda job_id, timeout_s=30.0: None)
-    client._release()
+    assert client.release_stopped()
     assert released == ["the lock"]
 
 

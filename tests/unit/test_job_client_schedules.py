@@ -121,3 +121,43 @@ def test_a_second_wait_after_a_failed_restart_of_the_job_master_does_not_restart
     with pytest.raises(environment.JobFailedError, match="reading its state failed"):
         client.wait(timeout=5)
     assert len(restarts) == 1, "a second wait() restarted the job master of a released run"
+
+
+def test_a_thread_waiting_on_the_same_lost_job_master_does_not_restart_it_after_a_failure(
+    monkeypatch,
+):
+    """Schedule: two threads wait on the same lost job master (one cancelling, say). The
+    first one's restart fails and releases the run; the second then takes its turn at the
+    takeover. Before: it restarted the job master of the released run."""
+    restarts: list[str] = []
+
+    def restart_master(self, exc):
+        restarts.append(environment.threading.current_thread().name)
+        raise environment.JobFailedError("job 'partitioned': reading its state failed")
+
+    monkeypatch.setattr(JobClient, "_restart_master", restart_master)
+    monkeypatch.setattr(JobClient, "_release", lambda self: None)
+    client = _client()
+    ref = client._run_ref
+    lost = ray.exceptions.RayActorError()
+    with pytest.raises(environment.JobFailedError):
+        client._take_over(ref, lost)
+    with pytest.raises(environment.JobFailedError, match="reading its state failed"):
+        client._take_over(ref, lost)  # the second thread, after the first
+    assert len(restarts) == 1
+
+
+def test_an_unknown_answer_about_processes_is_a_failure_not_a_timeout(monkeypatch):
+    """Schedule: a Ray Client driver's task that waits for a lost run's processes is not
+    scheduled in time (``GetTimeoutError``, a ``TimeoutError``). Before: that became the
+    run's outcome, which every later wait() raised as a timeout (so callers waited on)."""
+
+    def unknown(prefix, timeout_s):
+        raise ray.exceptions.GetTimeoutError("the task did not run")
+
+    monkeypatch.setattr(environment.ray.util, "list_named_actors", lambda **kwargs: [])
+    monkeypatch.setattr(environment, "wait_named_exited", unknown)
+    monkeypatch.setattr(environment, "remove_job_placement_groups", lambda job_id: None)
+    with pytest.raises(environment.JobFailedError, match="not known") as raised:
+        environment._kill_job_actors("0123456789ab", timeout_s=1.0)
+    assert not isinstance(raised.value, TimeoutError)

@@ -12,6 +12,7 @@ import pickle
 import random
 import re
 import threading
+import time
 import types
 
 import pytest
@@ -1143,6 +1144,18 @@ def test_a_run_whose_actors_cannot_be_checked_keeps_its_job_name(monkeypatch):
     client._master = object()
     client._lock = "the lock"
     client._warm = None
+    client._release_lock = env_module.threading.Lock()
+    client._retrying = False
+    client._released = False
+    monkeypatch.setattr(env_module, "RELEASE_RETRY_S", 0.05)
     client._release()
     assert released == [], "released the job name while its actors' processes were unknown"
-    assert client._lock == "the lock"
+    assert client._lock == "the lock" and client.holds_job_name
+    time.sleep(0.3)
+    assert released == []  # still not known: still held
+    monkeypatch.setattr(env_module, "_kill_job_actors", lambda job_id, timeout_s=30.0: None)
+    deadline = time.monotonic() + 10
+    while client.holds_job_name and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert released == ["the lock"], "a thread of the driver releases it once they stopped"
+    assert not client.holds_job_name
