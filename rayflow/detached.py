@@ -261,28 +261,24 @@ class JobHost:
 
     def _clean_up_lost(self, graph: Any, settings: Any, *start: Any) -> None:
         from rayflow.environment import _kill_job_actors, start_lost_run_clean_up
-        from rayflow.runtime.run_lock import acquire_run_lock, release_run_lock
+        from rayflow.runtime.run_lock import release_run_lock_held_by
 
         state = JobState.FAILED
         try:
             # nothing of the lost job master may run beside the one that cleans up
             _kill_job_actors(self.job_id)  # and its placement groups
         except Exception as exc:  # noqa: BLE001 - said in the outcome
-            # the lost process's lock went with it: the name is held again here, and the
-            # job shown ending, until the lost run's processes are gone
+            # The lost process's lock record names this run's job: no run of the name
+            # takes it while processes of the job's actors run. The job is shown ending
+            # (it can be neither removed nor replaced) until they are gone.
             self._error = (
                 f"{self._error}; its actors could not all be stopped ({_first_line(exc)}): "
                 "its job name stays locked until they are (looked at again every "
                 f"{LOST_ACTORS_RETRY_S:g} s), and the next run of it recovers its open "
                 "transactions"
             )
-            try:
-                lock = acquire_run_lock(self.name, self.run_id)
-            except Exception as taken:  # noqa: BLE001 - another run holds the name now
-                lock = None
-                self._error = f"{self._error}; {_first_line(taken)}"
             self._stop_lost_actors(_kill_job_actors)
-            release_run_lock(lock)
+            release_run_lock_held_by(self.name, self.run_id)
             self._end(state)
             return
         recorded = _recorded_end(settings)

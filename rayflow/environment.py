@@ -826,7 +826,8 @@ class JobClient:
 
     def release_stopped(self) -> bool:
         """For a run that ended holding its job name: stop its actors again, and release
-        the name once their processes have exited. True once it is released."""
+        the name once their processes have exited. True once it is released. (Late: the
+        workers this run had kept warm are not topped up, whatever runs by then.)"""
         self._release(retry=False)
         return self._released
 
@@ -845,7 +846,7 @@ class JobClient:
                 pass
             try:
                 _kill_job_actors(self.job_id)
-            except Exception as exc:  # noqa: BLE001 - not known to be stopped: lock kept
+            except BaseException as exc:  # not known to be stopped: the lock is kept
                 log.error(
                     "job %r: its actors could not all be stopped (%s: %s); its job name "
                     "stays locked until they are (looked at again every %g s)",
@@ -854,14 +855,16 @@ class JobClient:
                     exc,
                     RELEASE_RETRY_S,
                 )
-                if retry and not self._retrying:
+                if not self._retrying:  # also after an interrupt: someone must release
                     self._retrying = True
                     threading.Thread(target=self._release_later, daemon=True).start()
+                if not isinstance(exc, Exception):
+                    raise
                 return
             release_run_lock(self._lock)
             self._lock = None
             self._released = True
-            if self._warm is not None:
+            if retry and self._warm is not None:
                 # the next job of this driver finds its processes started
                 warm_workers.keep_warm(job_actor_count(self._graph), self._warm)
                 self._warm = None
@@ -1045,7 +1048,7 @@ def start_run(
     an explicit uid in the warning a restore gives about them."""
     job_name = settings.job_name
     config = settings.checkpoint_config
-    lock = acquire_run_lock(job_name, settings.run_id)  # before choosing what to restore
+    lock = acquire_run_lock(job_name, settings.run_id, settings.job_id)  # before restoring
     try:
         _load_initial_restore(graph, settings, restore_from, plan, allow_non_restored_state)
         if config.is_checkpointing_enabled():
@@ -1101,7 +1104,7 @@ def start_lost_run_clean_up(
     job_name = settings.job_name
     config = settings.checkpoint_config
     storage = settings.storage()
-    lock = acquire_run_lock(job_name, settings.run_id)
+    lock = acquire_run_lock(job_name, settings.run_id, settings.job_id)
     try:
         _load_initial_restore(graph, settings, restore_from, plan, allow_non_restored_state)
         jobs = JobStorage(config.checkpoint_storage, job_name, config.storage_options)

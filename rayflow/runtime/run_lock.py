@@ -17,6 +17,13 @@ it is released, and taking or refusing one never waits for any process to answer
 lock host that Ray destroys (killed for good, or its creation failed) takes its name
 along, as the earlier lock actor did; the process's next take makes a new one.
 
+A record also names the run's job. A process can go while it holds its lock on purpose:
+its run ended while processes of the run's actors were not seen to exit (the lock is kept
+for as long as they might still write), or it died. Its lock host goes with it, so a
+taker that finds a record not released whose host is gone looks for processes of that
+job's actors (for at most ``SURVIVORS_CHECK_S``) and refuses while any runs, or while
+that cannot be known.
+
 Taking the lock: read the highest generation; when its record is live, refuse. Else
 put generation + 1 only if absent (the store's one atomic step), then check that no
 higher generation appeared meanwhile (a taker that read an old listing backs off).
@@ -46,6 +53,7 @@ import ray
 from ray.experimental import internal_kv
 
 from rayflow.errors import ConcurrentRunError
+from rayflow.runtime.actor_exit import wait_named_exited
 
 __all__ = [
     "ConcurrentRunError",
@@ -64,6 +72,9 @@ _ATTEMPTS = 50
 _RELEASE_PAUSES_S = (0.1, 0.5, 2.0, None)
 #: how long a lock host's lookup that fails inside Ray is tried again
 _LOOKUP_RETRY_S = 30.0
+#: how long a taker waits for processes of a run whose process went without releasing
+#: its lock (they were not seen to exit as it ended, or it died)
+SURVIVORS_CHECK_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -80,16 +91,30 @@ class _Record:
     run_id: str
     host: str
     released: bool = False
+    #: the run's job id: whose actors' processes to look for when its host is gone
+    #: unreleased (None in records of earlier versions)
+    job_id: str | None = None
 
     def encode(self) -> bytes:
-        return json.dumps(
-            {"run_id": self.run_id, "host": self.host, "released": self.released}
-        ).encode()
+        data: dict[str, object] = {
+            "run_id": self.run_id,
+            "host": self.host,
+            "released": self.released,
+        }
+        if self.job_id is not None:
+            data["job_id"] = self.job_id
+        return json.dumps(data).encode()
 
     @classmethod
     def decode(cls, raw: bytes) -> _Record:
         data = json.loads(raw)
-        return cls(str(data["run_id"]), str(data["host"]), bool(data.get("released", False)))
+        job_id = data.get("job_id")
+        return cls(
+            str(data["run_id"]),
+            str(data["host"]),
+            bool(data.get("released", False)),
+            None if job_id is None else str(job_id),
+        )
 
 
 @ray.remote(num_cpus=0, max_restarts=0)
@@ -221,11 +246,13 @@ def _refusal(job_name: str, holder: str) -> ConcurrentRunError:
     )
 
 
-def acquire_run_lock(job_name: str, run_id: str) -> RunLock:
-    """Take the job name's lock for ``run_id``; raises :class:`ConcurrentRunError` when a
-    live run holds it. Waits for no process."""
+def acquire_run_lock(job_name: str, run_id: str, job_id: str | None = None) -> RunLock:
+    """Take the job name's lock for ``run_id`` (of job ``job_id``); raises
+    :class:`ConcurrentRunError` when a live run holds it, or when the process that took
+    it went without releasing it while processes of that run's actors may still run
+    (they are looked for for at most ``SURVIVORS_CHECK_S``)."""
     prefix = _prefix(job_name)
-    mine = _Record(run_id, _host_name()).encode()
+    mine = _Record(run_id, _host_name(), job_id=job_id).encode()
     older = _older_lock_holder(job_name)
     if older is not None:
         raise _refusal(job_name, f"a run {older}")
@@ -239,6 +266,8 @@ def acquire_run_lock(job_name: str, run_id: str) -> RunLock:
                 continue  # a taker that read an old listing backed off meanwhile
             if _live(record):
                 raise _refusal(job_name, f"run {record.run_id}")
+            if not record.released:
+                _refuse_beside_survivors(job_name, record)
         key = _key(prefix, top + 1)
         lock = RunLock(job_name, run_id, key)
         if not _put_if_absent(key, mine):
@@ -256,6 +285,28 @@ def acquire_run_lock(job_name: str, run_id: str) -> RunLock:
             raise
         time.sleep(0.01)
     raise ConcurrentRunError(f"job {job_name!r}: could not take its run lock")
+
+
+def _refuse_beside_survivors(job_name: str, record: _Record) -> None:
+    """The process that held ``record`` went without releasing it (it ended while its
+    run's actors were not seen to stop, or it died): refuse while processes of that
+    run's actors still run, or whether they do is not known."""
+    if record.job_id is None:
+        return  # a record of an earlier version: nothing to look for
+    try:
+        exited = wait_named_exited(f"rayflow:{record.job_id}:", SURVIVORS_CHECK_S)
+    except Exception as exc:  # noqa: BLE001 - not known: never taken as exited
+        raise _refusal(
+            job_name,
+            f"run {record.run_id} ended without releasing it, and whether processes of "
+            f"its actors still run is not known: {type(exc).__name__}: {exc}",
+        ) from None
+    if not exited:
+        raise _refusal(
+            job_name,
+            f"run {record.run_id} ended without releasing it, and processes of its actors "
+            "still run",
+        )
 
 
 def _put_if_absent(key: bytes, value: bytes) -> bool:

@@ -1159,3 +1159,38 @@ def test_a_run_whose_actors_cannot_be_checked_keeps_its_job_name(monkeypatch):
         time.sleep(0.02)
     assert released == ["the lock"], "a thread of the driver releases it once they stopped"
     assert not client.holds_job_name
+
+
+def test_an_interrupt_while_stopping_a_run_s_actors_still_releases_its_name_later(
+    monkeypatch,
+):
+    """Review schedule: Ctrl-C lands while a run's end stops its actors. Before: the
+    interrupt skipped the thread that releases the name once they have stopped, so the
+    name stayed locked for as long as the process (a notebook's kernel) lived."""
+    from rayflow import environment as env_module
+    from rayflow.environment import JobClient
+
+    released: list[object] = []
+    kills: list[int] = []
+
+    def kill(job_id, timeout_s=30.0):
+        kills.append(1)
+        if len(kills) == 1:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(env_module, "_kill_job_actors", kill)
+    monkeypatch.setattr(env_module, "release_run_lock", lambda lock: released.append(lock))
+    monkeypatch.setattr(env_module.ray, "kill", lambda *args, **kwargs: None)
+    monkeypatch.setattr(env_module, "RELEASE_RETRY_S", 0.05)
+    client = object.__new__(JobClient)
+    client.job_name, client.job_id = "interrupted", "0123456789ab"
+    client._master, client._lock, client._warm = object(), "the lock", None
+    client._release_lock = env_module.threading.Lock()
+    client._retrying = False
+    client._released = False
+    with pytest.raises(KeyboardInterrupt):
+        client._release()
+    deadline = time.monotonic() + 10
+    while client.holds_job_name and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert released == ["the lock"]

@@ -1,0 +1,91 @@
+"""The run lock of a run whose process went while its actors' processes still ran
+(Ray's store and lookups faked, no Ray started): a held lock dies with the process that
+took it, so a record left unreleased says which job's actors to look for, and the name is
+taken only once their processes have exited."""
+
+from __future__ import annotations
+
+import pytest
+
+from rayflow.errors import ConcurrentRunError
+from rayflow.runtime import run_lock
+
+
+class _Store:
+    """Ray's internal key-value store, in a dict."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.data: dict[bytes, bytes] = {}
+        kv = run_lock.internal_kv
+        monkeypatch.setattr(kv, "_internal_kv_put", self.put)
+        monkeypatch.setattr(kv, "_internal_kv_get", lambda key, namespace=None: self.data.get(key))
+        monkeypatch.setattr(kv, "_internal_kv_del", lambda key, namespace=None: self.data.pop(key))
+        monkeypatch.setattr(kv, "_internal_kv_list", self.list)
+        monkeypatch.setattr(run_lock, "_older_lock_holder", lambda job_name: None)
+        monkeypatch.setattr(run_lock, "_host_name", lambda: "host-of-this-process")
+        monkeypatch.setattr(run_lock, "_host_alive", lambda name: name == "host-of-this-process")
+
+    def put(self, key, value, overwrite=True, namespace=None):
+        if not overwrite and key in self.data:
+            return True  # Ray: "the key existed"
+        self.data[key] = value
+        return False
+
+    def list(self, prefix, namespace=None):
+        return [k for k in self.data if k.startswith(prefix)]
+
+
+def _left_by_a_dead_process(store: _Store, job_id: str | None) -> None:
+    record = run_lock._Record("run-a", "host-of-a-dead-driver", job_id=job_id)
+    store.data[run_lock._key(run_lock._prefix("nightly"), 1)] = record.encode()
+
+
+def test_a_lock_left_by_a_dead_process_is_refused_while_its_actors_processes_run(
+    monkeypatch,
+):
+    """Schedule: a driver's run ends with its actors' processes not seen to exit; it
+    keeps the lock, and then the driver's process exits (the script ends). Before: the
+    lock went with the process and a next run of the name started beside them."""
+    store = _Store(monkeypatch)
+    _left_by_a_dead_process(store, "0123456789ab")
+    asked: list[str] = []
+
+    def still_running(prefix, timeout_s):
+        asked.append(prefix)
+        return False
+
+    monkeypatch.setattr(run_lock, "wait_named_exited", still_running)
+    with pytest.raises(ConcurrentRunError, match="run-a.*still run"):
+        run_lock.acquire_run_lock("nightly", "run-b", job_id="fedcba987654")
+    assert asked == ["rayflow:0123456789ab:"]
+
+
+def test_a_lock_left_by_a_dead_process_is_refused_while_that_is_unknown(monkeypatch):
+    store = _Store(monkeypatch)
+    _left_by_a_dead_process(store, "0123456789ab")
+
+    def unknown(prefix, timeout_s):
+        raise RuntimeError("Ray's actor table could not be read")
+
+    monkeypatch.setattr(run_lock, "wait_named_exited", unknown)
+    with pytest.raises(ConcurrentRunError, match="run-a.*not known"):
+        run_lock.acquire_run_lock("nightly", "run-b", job_id="fedcba987654")
+
+
+def test_a_lock_left_by_a_dead_process_is_taken_once_its_actors_are_gone(monkeypatch):
+    store = _Store(monkeypatch)
+    _left_by_a_dead_process(store, "0123456789ab")
+    monkeypatch.setattr(run_lock, "wait_named_exited", lambda prefix, timeout_s: True)
+    lock = run_lock.acquire_run_lock("nightly", "run-b", job_id="fedcba987654")
+    record = run_lock._read(lock.key)
+    assert record.run_id == "run-b" and record.job_id == "fedcba987654"
+
+
+def test_a_record_without_a_job_id_is_taken_as_before(monkeypatch):
+    """A record of an earlier rayflow names no job: nothing to look for."""
+    store = _Store(monkeypatch)
+    _left_by_a_dead_process(store, None)
+    monkeypatch.setattr(
+        run_lock, "wait_named_exited", lambda prefix, timeout_s: pytest.fail("looked")
+    )
+    assert run_lock.acquire_run_lock("nightly", "run-b", job_id="fedcba987654").run_id == "run-b"
