@@ -78,6 +78,18 @@ class _KeptClient:
     def get_job_status(self, timeout=None):
         return JobState.FAILED
 
+    def watched(self, host: Host) -> list[tuple[JobState, bool]]:
+        """What ``host`` shows (state, ended) at each of its tries to release."""
+        seen: list[tuple[JobState, bool]] = []
+        release = self.release_stopped
+
+        def release_stopped() -> bool:
+            seen.append((host._state, host._ended.is_set()))
+            return release()
+
+        self.release_stopped = release_stopped
+        return seen
+
 
 def test_a_restarted_host_holds_the_job_name_while_actors_of_the_lost_run_still_run(
     monkeypatch,
@@ -146,14 +158,7 @@ def test_a_clean_up_whose_actors_do_not_stop_keeps_the_job_name(monkeypatch):
     monkeypatch.setattr(detached, "_recorded_end", lambda settings: None)
     monkeypatch.setattr(detached, "LOST_ACTORS_RETRY_S", 0.05)
     host = _host()
-    seen: list[tuple[JobState, bool]] = []
-    original = client.release_stopped
-
-    def release_stopped():
-        seen.append((host._state, host._ended.is_set()))
-        return original()
-
-    client.release_stopped = release_stopped
+    seen = client.watched(host)
     host._clean_up_lost(object(), SimpleNamespace(checkpointing=True))
     assert seen == [(JobState.FAILING, False)] * 3
     assert locks.events == []  # the client releases its own lock, once stopped
@@ -170,14 +175,7 @@ def test_a_run_that_ends_with_actors_still_running_is_not_shown_ended(monkeypatc
     monkeypatch.setattr(Host, "_refresh", lambda self: None)
     monkeypatch.setattr(detached, "LOST_ACTORS_RETRY_S", 0.05)
     host = _host()
-    states: list[tuple[JobState, bool]] = []
-    original = client.release_stopped
-
-    def release_stopped():
-        states.append((host._state, host._ended.is_set()))
-        return original()
-
-    client.release_stopped = release_stopped
+    states = client.watched(host)
     host._run(object(), SimpleNamespace(), None, None, False)
     assert states == [(JobState.FAILING, False)] * 2
     assert host._state is JobState.FAILED and host._ended.is_set()
