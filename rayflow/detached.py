@@ -340,9 +340,12 @@ class JobHost:
 
         try:
             client = start_clean_up(*run)
-        except ConcurrentRunError:
+        except ConcurrentRunError as exc:
+            # another run holds the name now (it recovers the transactions), or this
+            # run's own lock record still guards processes of its actors
             return (
-                "another run of the job name holds it now, and recovers its open transactions",
+                f"its job name could not be taken again ({_first_line(exc)}); the run "
+                "that takes it next recovers its open transactions",
                 None,
             )
         except Exception as exc:  # noqa: BLE001 - said in the outcome

@@ -506,9 +506,10 @@ class JobMaster:
             if holds:
                 await asyncio.to_thread(release_holds, holds)
             self.finished_at = time.time()
-            if self.supervisor.job_state.is_terminal:
+            if self.supervisor.job_state.is_terminal and not self._survivors:
                 # the run is over and cleaned up: the job name is free again, whether or
-                # not its client ever waits for the outcome
+                # not its client ever waits for the outcome. Not while processes of
+                # killed actors may still run: its client releases it once they are gone
                 await release_run_lock_of(self.settings.job_name, self.settings.run_id)
         return {
             "outputs": outputs,

@@ -1194,3 +1194,45 @@ def test_an_interrupt_while_stopping_a_run_s_actors_still_releases_its_name_late
     while client.holds_job_name and time.monotonic() < deadline:
         time.sleep(0.02)
     assert released == ["the lock"]
+
+
+def test_a_job_master_ending_with_survivors_does_not_release_the_job_name(monkeypatch):
+    """Review schedule: killed subtask processes are not seen to exit; the run fails as
+    one that no restart can help, and its job master's last step released the job
+    name's lock. Before: the record was marked released, so a next run of the name took
+    it at once, beside the survivors (the driver's keeping of its lock came too late).
+    Now the job master leaves the name to its client, which releases it once they are
+    gone."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from rayflow.runtime import job_master
+
+    released: list[tuple[str, str]] = []
+
+    async def release(name, run_id):
+        released.append((name, run_id))
+
+    async def nothing(*args, **kwargs):
+        return None
+
+    async def failed_for_good():
+        master.supervisor.on_failure("subtask 1/2 of 'out' died", FailureKind.ATTEMPT)
+        master.supervisor.move_to(JobState.FAILED)
+        raise RuntimeError("killed subtask actor(s) still run")
+
+    monkeypatch.setattr(job_master, "release_run_lock_of", release)
+    master = object.__new__(job_master.JobMaster.__ray_metadata__.modified_class)
+    master.supervisor = _supervisor(RestartStrategies.no_restart())
+    master.settings = SimpleNamespace(job_name="j", run_id="run-x")
+    master.placement = SimpleNamespace(create=lambda: None, remove=nothing)
+    master._holds = None
+    master._run_with_restarts = failed_for_good
+    for survivors, expected in (([object()], []), ([], [("j", "run-x")])):
+        released.clear()
+        master.supervisor = _supervisor(RestartStrategies.no_restart())
+        master._survivors = survivors
+        with pytest.raises(RuntimeError):
+            asyncio.run(master._run())
+        assert master.supervisor.job_state.is_terminal
+        assert released == expected
