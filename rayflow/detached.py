@@ -166,8 +166,9 @@ class JobHost:
     holds the lock by then, that run recovers them), then shows the job FAILED, its host
     lost, until it is removed. A job that had ended shows the end its run recorded in its
     checkpoint storage. Where processes of the lost run's actors do not exit, the host
-    shows the job FAILED at once, cleans nothing up, and keeps the job name locked until
-    they have exited (it looks again every ``LOST_ACTORS_RETRY_S``)."""
+    cleans nothing up and shows the job FAILING (not ended: it can be neither removed nor
+    replaced) until they have exited, the job name locked meanwhile (it looks again every
+    ``LOST_ACTORS_RETRY_S``); so is a run of its own whose actors do not stop as it ends."""
 
     def __init__(
         self,
