@@ -861,7 +861,13 @@ class JobClient:
                 if not isinstance(exc, Exception):
                     raise
                 return
-            release_run_lock(self._lock)
+            try:
+                release_run_lock(self._lock)
+            except BaseException:  # an interrupt (a failed release is tried inside)
+                if not self._retrying:  # someone must still release it
+                    self._retrying = True
+                    threading.Thread(target=self._release_later, daemon=True).start()
+                raise
             self._lock = None
             self._released = True
             if retry and self._warm is not None:

@@ -1236,3 +1236,36 @@ def test_a_job_master_ending_with_survivors_does_not_release_the_job_name(monkey
             asyncio.run(master._run())
         assert master.supervisor.job_state.is_terminal
         assert released == expected
+
+
+def test_an_interrupt_while_releasing_the_job_name_still_releases_it_later(monkeypatch):
+    """Review schedule: the run's actors are gone; Ctrl-C lands inside the release of
+    its job name's lock (which pauses between tries). Before: nothing released it after,
+    for as long as the process (a notebook's kernel) lived."""
+    from rayflow import environment as env_module
+    from rayflow.environment import JobClient
+
+    released: list[object] = []
+
+    def release(lock):
+        if not released:
+            released.append("interrupted")
+            raise KeyboardInterrupt
+        released.append(lock)
+
+    monkeypatch.setattr(env_module, "_kill_job_actors", lambda job_id, timeout_s=30.0: None)
+    monkeypatch.setattr(env_module, "release_run_lock", release)
+    monkeypatch.setattr(env_module.ray, "kill", lambda *args, **kwargs: None)
+    monkeypatch.setattr(env_module, "RELEASE_RETRY_S", 0.05)
+    client = object.__new__(JobClient)
+    client.job_name, client.job_id = "interrupted", "0123456789ab"
+    client._master, client._lock, client._warm = object(), "the lock", None
+    client._release_lock = env_module.threading.Lock()
+    client._retrying = False
+    client._released = False
+    with pytest.raises(KeyboardInterrupt):
+        client._release()
+    deadline = time.monotonic() + 10
+    while client.holds_job_name and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert released == ["interrupted", "the lock"]
