@@ -305,7 +305,7 @@ def _refuse_beside_survivors(job_name: str, record: _Record) -> None:
         raise _refusal(
             job_name,
             f"run {record.run_id} ended without releasing it, and processes of its actors "
-            "still run",
+            f"still run (or could not be looked at within {SURVIVORS_CHECK_S:g} s)",
         )
 
 
