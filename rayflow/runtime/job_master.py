@@ -494,6 +494,9 @@ class JobMaster:
         finally:
             self._ended.set()
 
+    async def _release_job_name(self) -> None:
+        await release_run_lock_of(self.settings.job_name, self.settings.run_id)
+
     async def _run(self) -> dict[str, Any]:
         self.started_at = time.time()
         try:
@@ -510,7 +513,7 @@ class JobMaster:
                 # the run is over and cleaned up: the job name is free again, whether or
                 # not its client ever waits for the outcome. Not while processes of
                 # killed actors may still run: its client releases it once they are gone
-                await release_run_lock_of(self.settings.job_name, self.settings.run_id)
+                await self._release_job_name()
         return {
             "outputs": outputs,
             # every line not acknowledged by the client yet (it takes each once)

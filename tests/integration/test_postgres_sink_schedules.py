@@ -621,7 +621,7 @@ def test_a_second_run_of_a_job_name_refuses_to_run_while_the_first_restarts(
     from rayflow.testing import Fault, FaultPlan, FaultPoint
     from tests.chaos.harness import build_keyed_sum, expected_rows, unique_job
 
-    monkeypatch.setattr(environment, "acquire_run_lock", lambda job_name, run_id: None)
+    monkeypatch.setattr(environment, "acquire_run_lock", lambda job_name, run_id, job_id: None)
     with db.connect() as conn:
         conn.execute("CREATE TABLE sums (key bigint NOT NULL, value bigint NOT NULL)")
     n, batch = 100_000, 5000

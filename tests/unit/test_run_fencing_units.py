@@ -1210,8 +1210,8 @@ def test_a_job_master_ending_with_survivors_does_not_release_the_job_name(monkey
 
     released: list[tuple[str, str]] = []
 
-    async def release(name, run_id):
-        released.append((name, run_id))
+    async def release():
+        released.append((master.settings.job_name, master.settings.run_id))
 
     async def nothing(*args, **kwargs):
         return None
@@ -1221,8 +1221,8 @@ def test_a_job_master_ending_with_survivors_does_not_release_the_job_name(monkey
         master.supervisor.move_to(JobState.FAILED)
         raise RuntimeError("killed subtask actor(s) still run")
 
-    monkeypatch.setattr(job_master, "release_run_lock_of", release)
     master = object.__new__(job_master.JobMaster.__ray_metadata__.modified_class)
+    master._release_job_name = release
     master.supervisor = _supervisor(RestartStrategies.no_restart())
     master.settings = SimpleNamespace(job_name="j", run_id="run-x")
     master.placement = SimpleNamespace(create=lambda: None, remove=nothing)
