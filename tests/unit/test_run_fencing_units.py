@@ -1168,7 +1168,6 @@ def test_an_interrupt_while_stopping_a_run_s_actors_still_releases_its_name_late
     interrupt skipped the thread that releases the name once they have stopped, so the
     name stayed locked for as long as the process (a notebook's kernel) lived."""
     from rayflow import environment as env_module
-    from rayflow.environment import JobClient
 
     released: list[object] = []
     kills: list[int] = []
@@ -1180,19 +1179,7 @@ def test_an_interrupt_while_stopping_a_run_s_actors_still_releases_its_name_late
 
     monkeypatch.setattr(env_module, "_kill_job_actors", kill)
     monkeypatch.setattr(env_module, "release_run_lock", lambda lock: released.append(lock))
-    monkeypatch.setattr(env_module.ray, "kill", lambda *args, **kwargs: None)
-    monkeypatch.setattr(env_module, "RELEASE_RETRY_S", 0.05)
-    client = object.__new__(JobClient)
-    client.job_name, client.job_id = "interrupted", "0123456789ab"
-    client._master, client._lock, client._warm = object(), "the lock", None
-    client._release_lock = env_module.threading.Lock()
-    client._retrying = False
-    client._released = False
-    with pytest.raises(KeyboardInterrupt):
-        client._release()
-    deadline = time.monotonic() + 10
-    while client.holds_job_name and time.monotonic() < deadline:
-        time.sleep(0.02)
+    _interrupt_a_release_then_wait(monkeypatch)
     assert released == ["the lock"]
 
 
@@ -1243,7 +1230,6 @@ def test_an_interrupt_while_releasing_the_job_name_still_releases_it_later(monke
     its job name's lock (which pauses between tries). Before: nothing released it after,
     for as long as the process (a notebook's kernel) lived."""
     from rayflow import environment as env_module
-    from rayflow.environment import JobClient
 
     released: list[object] = []
 
@@ -1255,6 +1241,16 @@ def test_an_interrupt_while_releasing_the_job_name_still_releases_it_later(monke
 
     monkeypatch.setattr(env_module, "_kill_job_actors", lambda job_id, timeout_s=30.0: None)
     monkeypatch.setattr(env_module, "release_run_lock", release)
+    _interrupt_a_release_then_wait(monkeypatch)
+    assert released == ["interrupted", "the lock"]
+
+
+def _interrupt_a_release_then_wait(monkeypatch) -> None:
+    """Ends a run whose job name is held, where Ctrl-C lands inside the release (the
+    patched kill or release raises it); waits up to 10 s for a thread to release it."""
+    from rayflow import environment as env_module
+    from rayflow.environment import JobClient
+
     monkeypatch.setattr(env_module.ray, "kill", lambda *args, **kwargs: None)
     monkeypatch.setattr(env_module, "RELEASE_RETRY_S", 0.05)
     client = object.__new__(JobClient)
@@ -1268,4 +1264,3 @@ def test_an_interrupt_while_releasing_the_job_name_still_releases_it_later(monke
     deadline = time.monotonic() + 10
     while client.holds_job_name and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert released == ["interrupted", "the lock"]
