@@ -14,7 +14,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 import ray
 
@@ -294,6 +294,9 @@ class JobClient:
         self._cancel_requested = False
         self._takeover = threading.Lock()  # one job master takeover at a time
         self._release_lock = threading.Lock()  # one release at a time
+        #: one thread handles the run's end (release, end line); the others, and any later
+        #: wait(), take what it found
+        self._end = threading.Lock()
         self._retrying = False  # a thread releases the job name once actors have stopped
         self._released = False  # its job master and actors gone, its job name free
         #: (checkpoint id, savepoint directory) of the stop a lost job master had recorded,
@@ -651,26 +654,40 @@ class JobClient:
             except ray.exceptions.RayActorError as exc:
                 self._take_over(ref, exc)
             except Exception as exc:
-                cause = _unwrap(exc)
-                if self._failure is not None and isinstance(cause, JobCancelledError):
-                    cause = JobFailedError(self._failure)  # cleaned up after a final failure
-                self._ending = (
-                    JobState.CANCELED if isinstance(cause, JobCancelledError) else JobState.FAILED
-                )
-                self._history = getattr(cause, "failure_history", None) or self.failure_history()
-                self._print_output()
-                self._release()
-                self._state = self._ending  # shown once the job name is free
-                self._report_end(str(cause).strip().splitlines()[0] if str(cause) else "")
-                raise cause from None
-        self._ending = JobState.FINISHED
-        self._print_output(raw.get("output"))  # every line not printed here yet
+                with self._end:
+                    if self._outcome is not None:  # another thread handled the end
+                        raise self._outcome from None
+                    self._ended_with(_unwrap(exc))
+        with self._end:
+            if self._result is not None:  # another thread handled the end
+                return self._result
+            if self._outcome is not None:
+                raise self._outcome
+            self._ending = JobState.FINISHED
+            self._print_output(raw.get("output"))  # every line not printed here yet
+            self._release()
+            self._result = _build_result(self.job_name, self._graph, raw)
+            self._result.guarantees = dict(self._guarantees)
+            self._history = self._result.failure_history
+            self._report_end()
+            return self._result
+
+    def _ended_with(self, cause: BaseException) -> NoReturn:
+        """The run ended with ``cause`` (under ``_end``): release it, show its end, and
+        raise ``cause``, which every later wait() raises at once (a release held up by
+        actors that do not stop is tried again by a thread, never by a wait())."""
+        if self._failure is not None and isinstance(cause, JobCancelledError):
+            cause = JobFailedError(self._failure)  # cleaned up after a final failure
+        self._ending = (
+            JobState.CANCELED if isinstance(cause, JobCancelledError) else JobState.FAILED
+        )
+        self._history = getattr(cause, "failure_history", None) or self.failure_history()
+        self._print_output()
         self._release()
-        self._result = _build_result(self.job_name, self._graph, raw)
-        self._result.guarantees = dict(self._guarantees)
-        self._history = self._result.failure_history
-        self._report_end()
-        return self._result
+        self._state = self._ending  # shown once the job name is free
+        self._outcome = cause
+        self._report_end(str(cause).strip().splitlines()[0] if str(cause) else "")
+        raise cause from None
 
     def _still(self, state: str, timeout: float) -> JobWaitTimeout:
         return JobWaitTimeout(

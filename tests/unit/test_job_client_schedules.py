@@ -161,3 +161,67 @@ def test_an_unknown_answer_about_processes_is_a_failure_not_a_timeout(monkeypatc
     with pytest.raises(environment.JobFailedError, match="not known") as raised:
         environment._kill_job_actors("0123456789ab", timeout_s=1.0)
     assert not isinstance(raised.value, TimeoutError)
+
+
+def _ended_client(monkeypatch, release_s: float = 0.0) -> tuple[JobClient, list[str]]:
+    """A client whose run failed (``ray.get`` raises the failure), counting its releases
+    and the end lines it shows; a release takes ``release_s``."""
+    calls: list[str] = []
+
+    def failed(*args, **kwargs):
+        raise environment.JobFailedError("job 'partitioned' failed: boom")
+
+    def release(self):
+        calls.append("release")
+        time.sleep(release_s)
+
+    monkeypatch.setattr(environment.ray, "get", failed)
+    monkeypatch.setattr(JobClient, "_release", release)
+    monkeypatch.setattr(JobClient, "_report_end", lambda self, detail="": calls.append("end"))
+    monkeypatch.setattr(JobClient, "_print_output", lambda self, output=None: None)
+    monkeypatch.setattr(JobClient, "failure_history", lambda self: [])
+    client = _client()
+    client._failure = None
+    client._state = None
+    client._ending = None
+    client._end = environment.threading.Lock()
+    return client, calls
+
+
+def test_a_second_wait_after_a_failure_raises_it_without_releasing_or_reporting_again(
+    monkeypatch,
+):
+    """Schedule: the run fails and its actors cannot be stopped, so a thread of the driver
+    holds the release while it tries again (up to a minute). Before: a second wait()
+    asked the job master again, waited behind that thread to release once more, and
+    showed the end line a second time."""
+    client, calls = _ended_client(monkeypatch)
+    with pytest.raises(environment.JobFailedError, match="boom"):
+        client.wait(timeout=5)
+    assert calls == ["release", "end"]
+    monkeypatch.setattr(JobClient, "_release", lambda self: pytest.fail("released again"))
+    with pytest.raises(environment.JobFailedError, match="boom"):
+        client.wait(timeout=5)
+    assert calls == ["release", "end"], "the end was handled twice"
+    assert client._state is environment.JobState.FAILED
+
+
+def test_two_threads_that_see_the_failure_at_once_handle_its_end_once(monkeypatch):
+    """Schedule: two threads wait(); both see the failure; the first is slow to release.
+    Both raise it once the run is released; the end line is shown once."""
+    client, calls = _ended_client(monkeypatch, release_s=0.3)
+    raised: list[BaseException] = []
+
+    def waiter():
+        try:
+            client.wait(timeout=5)
+        except BaseException as exc:  # noqa: BLE001 - what each thread raised
+            raised.append(exc)
+
+    threads = [environment.threading.Thread(target=waiter) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    assert len(raised) == 2 and all(isinstance(e, environment.JobFailedError) for e in raised)
+    assert calls == ["release", "end"], calls
