@@ -47,6 +47,7 @@ from rayflow.runtime.channels import DEFAULT_BUFFER_TIMEOUT_MS
 from rayflow.runtime.debloat import MIN_TARGET_MS
 from rayflow.runtime.hook_env import mark_hooked_raylet
 from rayflow.runtime.job_master import JobMaster, _unwrap
+from rayflow.runtime.job_processes import forget_processes, recorded_processes
 from rayflow.runtime.latency import DEFAULT_LATENCY_TRACKING_INTERVAL_MS, LatencyTracker
 from rayflow.runtime.output import OutputChunk, OutputReader
 from rayflow.runtime.placement import (
@@ -969,7 +970,7 @@ def _kill_job_actors(job_id: str, timeout_s: float = 30.0) -> None:
         _wait_until_dead(job_id, handles, timeout_s)
         # Ray calls the actors of a lost job master dead before their processes exit
         try:
-            exited = wait_named_exited(f"rayflow:{job_id}:", timeout_s)
+            exited = wait_named_exited(f"rayflow:{job_id}:", timeout_s, recorded_processes(job_id))
         except Exception as exc:  # noqa: BLE001 - not known: never taken as exited
             what = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
             if not isinstance(exc, ActorTableUnavailable):
@@ -984,6 +985,7 @@ def _kill_job_actors(job_id: str, timeout_s: float = 30.0) -> None:
                 f"its run) still run after {timeout_s:g} s; nothing of it starts again "
                 "beside them"
             )
+        forget_processes(job_id)  # all exited: nobody needs to look for them again
     finally:
         # also when some still answer: Ray kills what runs in a removed group
         remove_job_placement_groups(job_id)

@@ -20,7 +20,7 @@ import asyncio
 import concurrent.futures
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +32,7 @@ __all__ = [
     "ActorTableUnavailable",
     "ActorProcess",
     "KILL_TIMEOUT_S",
+    "STARTED_SLACK_S",
     "UNREACHABLE_IS_GONE_S",
     "kill_and_wait",
     "process_of",
@@ -45,7 +46,7 @@ __all__ = [
 UNREACHABLE_IS_GONE_S = 10.0
 #: A process that started this long after its actor did (by the GCS's clock) is another
 #: one with the same pid.
-_STARTED_SLACK_S = 30.0
+STARTED_SLACK_S = 30.0
 #: How long killed actors may take to die and their processes to exit.
 KILL_TIMEOUT_S = 30.0
 #: How long an actor may take to say where it runs before it is killed.
@@ -272,7 +273,7 @@ def processes_named(prefix: str) -> list[ActorProcess]:
     """The processes of every actor whose name starts with ``prefix``, alive or dead, from
     Ray's actor table: for actors whose owner died, which Ray calls dead before their
     processes exit, and which nobody can ask any more. Each process counts as the
-    actor's only if it started by :data:`_STARTED_SLACK_S` after the actor did (the GCS's
+    actor's only if it started by :data:`STARTED_SLACK_S` after the actor did (the GCS's
     clock and a node's may differ a little; a pid used again belongs to a process started
     after the actor died). Raises :class:`ActorTableUnavailable` where the table cannot
     be read (the GCS does not answer; an internal interface, not in Ray Client mode:
@@ -299,18 +300,25 @@ def processes_named(prefix: str) -> list[ActorProcess]:
         pid, node = info.get("Pid"), (info.get("Address") or {}).get("NodeID")
         started = info.get("StartTime") or 0
         if pid and node and started:
-            found.append(ActorProcess(str(node), int(pid), started / 1000.0 + _STARTED_SLACK_S))
+            found.append(ActorProcess(str(node), int(pid), started / 1000.0 + STARTED_SLACK_S))
     return found
 
 
-def wait_named_exited(prefix: str, timeout_s: float) -> bool:
-    """``wait_exited(processes_named(prefix), timeout_s)``, on the cluster: a Ray Client
-    driver (``ray://``) runs it in a task there (its own machine is no node of the
-    cluster, and cannot read Ray's actor table)."""
+def wait_named_exited(prefix: str, timeout_s: float, also: Sequence[ActorProcess] = ()) -> bool:
+    """``wait_exited(processes_named(prefix) + also, timeout_s)``, on the cluster: a Ray
+    Client driver (``ray://``) runs it in a task there (its own machine is no node of the
+    cluster, and cannot read Ray's actor table). ``also``: processes of those actors known
+    otherwise (Ray's table may have dropped the entries of long-dead actors)."""
     if _client_mode():
         task = _wait_named_there.options(num_cpus=0, max_retries=0)
-        return bool(ray.get(task.remote(prefix, timeout_s), timeout=timeout_s + 120.0))
-    return wait_exited(processes_named(prefix), timeout_s)
+        return bool(ray.get(task.remote(prefix, timeout_s, list(also)), timeout=timeout_s + 120.0))
+    return wait_exited(_together(processes_named(prefix), also), timeout_s)
+
+
+def _together(found: list[ActorProcess], also: Sequence[ActorProcess]) -> list[ActorProcess]:
+    """``found`` and those of ``also`` it lacks (by node and pid)."""
+    seen = {(p.node_id, p.pid) for p in found}
+    return found + [p for p in also if (p.node_id, p.pid) not in seen]
 
 
 def _client_mode() -> bool:
@@ -323,8 +331,8 @@ def _client_mode() -> bool:
 
 
 @ray.remote(num_cpus=0, max_retries=0)
-def _wait_named_there(prefix: str, timeout_s: float) -> bool:
-    return wait_exited(processes_named(prefix), timeout_s)
+def _wait_named_there(prefix: str, timeout_s: float, also: Sequence[ActorProcess] = ()) -> bool:
+    return wait_exited(_together(processes_named(prefix), also), timeout_s)
 
 
 def wait_exited(processes: list[ActorProcess], timeout_s: float) -> bool:

@@ -53,6 +53,7 @@ from rayflow.runtime.actor_exit import (
 )
 from rayflow.runtime.deployer import Deployer
 from rayflow.runtime.hooks import HookPoint
+from rayflow.runtime.job_processes import record_processes
 from rayflow.runtime.output import OutputAck, OutputChunk, OutputCollector
 from rayflow.runtime.placement import JobPlacement, PlacementPlan
 from rayflow.runtime.ray_metrics import JobMetrics
@@ -344,6 +345,20 @@ class JobMaster:
             # not for an actor killed meanwhile (its entry would outlive it)
             if process is not None and any(actor is a for a in live):
                 self._processes[id(actor)] = (actor, process)
+        # for whoever looks for them once nobody can ask (also those killed meanwhile:
+        # a killed actor's process may outlive it)
+        learnt = [process for process in found if process is not None]
+        if learnt:
+            try:
+                await asyncio.to_thread(record_processes, self.settings.job_id, learnt)
+            except Exception as exc:  # noqa: BLE001 - Ray's actor table still lists them
+                log.warning(
+                    "job %r: where its actors run could not be recorded (%s: %s); a later "
+                    "look for them relies on Ray's actor table alone",
+                    self.settings.job_name,
+                    type(exc).__name__,
+                    exc,
+                )
 
     async def _survivors_gone(self) -> bool:
         """Kill the survivors of earlier kills again and wait; whether all are gone now."""

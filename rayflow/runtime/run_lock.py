@@ -54,6 +54,7 @@ from ray.experimental import internal_kv
 
 from rayflow.errors import ConcurrentRunError
 from rayflow.runtime.actor_exit import wait_named_exited
+from rayflow.runtime.job_processes import forget_processes, recorded_processes
 
 __all__ = [
     "ConcurrentRunError",
@@ -294,19 +295,32 @@ def _refuse_beside_survivors(job_name: str, record: _Record) -> None:
     if record.job_id is None:
         return  # a record of an earlier version: nothing to look for
     try:
-        exited = wait_named_exited(f"rayflow:{record.job_id}:", SURVIVORS_CHECK_S)
+        exited = wait_named_exited(
+            f"rayflow:{record.job_id}:", SURVIVORS_CHECK_S, recorded_processes(record.job_id)
+        )
     except Exception as exc:  # noqa: BLE001 - not known: never taken as exited
-        raise _refusal(
+        raise _survivors_refusal(
             job_name,
-            f"run {record.run_id} ended without releasing it, and whether processes of "
-            f"its actors still run is not known: {type(exc).__name__}: {exc}",
+            record.run_id,
+            f"whether processes of its actors still run is not known ({type(exc).__name__}: {exc})",
         ) from None
     if not exited:
-        raise _refusal(
+        raise _survivors_refusal(
             job_name,
-            f"run {record.run_id} ended without releasing it, and processes of its actors "
-            f"still run (or could not be looked at within {SURVIVORS_CHECK_S:g} s)",
+            record.run_id,
+            "processes of its actors still run (or could not be looked at within "
+            f"{SURVIVORS_CHECK_S:g} s)",
         )
+    forget_processes(record.job_id)  # all exited: nobody needs to look again
+
+
+def _survivors_refusal(job_name: str, run_id: str, why: str) -> ConcurrentRunError:
+    return ConcurrentRunError(
+        f"job {job_name!r} cannot start yet: its run {run_id} ended without releasing the "
+        f"job name, and {why}; they may still write to its sinks, which a run of the same "
+        "name would share. Run it again once they have exited (the process that ran that "
+        "run releases the name then), stop them, or run this one under another name."
+    )
 
 
 def _put_if_absent(key: bytes, value: bytes) -> bool:

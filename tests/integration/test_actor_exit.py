@@ -84,3 +84,38 @@ def test_processes_of_named_actors_come_from_rays_table_also_once_they_are_dead(
     ray.kill(actor, no_restart=True)
     assert wait_exited(processes_named(prefix), 30)
     assert [p.pid for p in processes_named(prefix)] == [pid]  # dead, still listed
+
+
+def test_a_job_records_where_its_actors_run_and_forgets_it_once_they_exited():
+    """The job master records each subtask's process under the job's id (for a later
+    look once nobody can ask the actors, whatever Ray's table of dead actors kept); a
+    run whose actors were seen to exit drops the records."""
+    from rayflow import NumberSequenceSource, StreamExecutionEnvironment
+    from rayflow.runtime.job_processes import recorded_processes
+    from sinks.basic import CollectSink
+
+    env = StreamExecutionEnvironment.get_execution_environment().set_parallelism(2)
+    env.from_source(NumberSequenceSource(0, 10**6, batch_size=10, records_per_second=2000)).map(
+        lambda r: r
+    ).sink_to(CollectSink())
+    client = env.execute_async("records-where-actors-run")
+    try:
+        deadline, recorded = time.time() + 60, []
+        while len(recorded) < 2 and time.time() < deadline:  # two subtasks of p=2
+            recorded = recorded_processes(client.job_id)
+            time.sleep(0.1)
+        named = [
+            a
+            for a in ray.util.list_named_actors(all_namespaces=True)
+            if a["name"].startswith(f"rayflow:{client.job_id}:v")
+        ]
+        pids = {
+            ray.get(ray.get_actor(a["name"], namespace=a["namespace"]).whereabouts.remote())[1]
+            for a in named
+        }
+        assert pids and pids <= {p.pid for p in recorded}, (pids, recorded)
+        node = ray.get_runtime_context().get_node_id()
+        assert all(p.node_id == node and p.started_by for p in recorded)
+    finally:
+        client.cancel(60)
+    assert recorded_processes(client.job_id) == []

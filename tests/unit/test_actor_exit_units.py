@@ -245,5 +245,5 @@ def test_a_ray_client_driver_waits_for_processes_in_a_task_on_the_cluster(monkey
         actor_exit, "processes_named", lambda prefix: pytest.fail("read the table here")
     )
     assert actor_exit.wait_named_exited("rayflow:job:", 7.0)
-    assert ("remote", ("rayflow:job:", 7.0)) in sent
+    assert ("remote", ("rayflow:job:", 7.0, [])) in sent
     assert sent[0][1]["num_cpus"] == 0

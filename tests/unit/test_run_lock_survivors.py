@@ -5,10 +5,14 @@ taken only once their processes have exited."""
 
 from __future__ import annotations
 
+import subprocess
+
 import pytest
 
 from rayflow.errors import ConcurrentRunError
-from rayflow.runtime import run_lock
+from rayflow.runtime import actor_exit, run_lock
+from rayflow.runtime.actor_exit import ActorProcess
+from rayflow.runtime.job_processes import record_processes, recorded_processes
 
 
 class _Store:
@@ -50,7 +54,7 @@ def test_a_lock_left_by_a_dead_process_is_refused_while_its_actors_processes_run
     _left_by_a_dead_process(store, "0123456789ab")
     asked: list[str] = []
 
-    def still_running(prefix, timeout_s):
+    def still_running(prefix, timeout_s, also=()):
         asked.append(prefix)
         return False
 
@@ -64,7 +68,7 @@ def test_a_lock_left_by_a_dead_process_is_refused_while_that_is_unknown(monkeypa
     store = _Store(monkeypatch)
     _left_by_a_dead_process(store, "0123456789ab")
 
-    def unknown(prefix, timeout_s):
+    def unknown(prefix, timeout_s, also=()):
         raise RuntimeError("Ray's actor table could not be read")
 
     monkeypatch.setattr(run_lock, "wait_named_exited", unknown)
@@ -75,7 +79,7 @@ def test_a_lock_left_by_a_dead_process_is_refused_while_that_is_unknown(monkeypa
 def test_a_lock_left_by_a_dead_process_is_taken_once_its_actors_are_gone(monkeypatch):
     store = _Store(monkeypatch)
     _left_by_a_dead_process(store, "0123456789ab")
-    monkeypatch.setattr(run_lock, "wait_named_exited", lambda prefix, timeout_s: True)
+    monkeypatch.setattr(run_lock, "wait_named_exited", lambda prefix, timeout_s, also=(): True)
     lock = run_lock.acquire_run_lock("nightly", "run-b", job_id="fedcba987654")
     record = run_lock._read(lock.key)
     assert record.run_id == "run-b" and record.job_id == "fedcba987654"
@@ -86,6 +90,35 @@ def test_a_record_without_a_job_id_is_taken_as_before(monkeypatch):
     store = _Store(monkeypatch)
     _left_by_a_dead_process(store, None)
     monkeypatch.setattr(
-        run_lock, "wait_named_exited", lambda prefix, timeout_s: pytest.fail("looked")
+        run_lock, "wait_named_exited", lambda prefix, timeout_s, also=(): pytest.fail("looked")
     )
     assert run_lock.acquire_run_lock("nightly", "run-b", job_id="fedcba987654").run_id == "run-b"
+
+
+class _ThisNode:
+    def get_node_id(self) -> str:
+        return "node-of-this-test"
+
+
+def test_a_survivor_whose_entry_rays_actor_table_dropped_is_found_by_its_record(monkeypatch):
+    """Schedule: a run's process dies while a process of one of its actors still runs;
+    then the cluster runs so many actors that Ray's table of dead actors drops that
+    actor's entry. Before: the next run of the name found no process to wait for and
+    started beside the survivor. Now the job master's record of where its actors run
+    names it."""
+    store = _Store(monkeypatch)
+    _left_by_a_dead_process(store, "0123456789ab")
+    monkeypatch.setattr(actor_exit, "processes_named", lambda prefix: [])  # dropped
+    monkeypatch.setattr(actor_exit.ray, "get_runtime_context", lambda: _ThisNode())
+    monkeypatch.setattr(run_lock, "SURVIVORS_CHECK_S", 0.3)
+    survivor = subprocess.Popen(["sleep", "60"])
+    try:
+        record_processes("0123456789ab", [ActorProcess("node-of-this-test", survivor.pid)])
+        with pytest.raises(ConcurrentRunError, match="run-a.*still run"):
+            run_lock.acquire_run_lock("nightly", "run-b", job_id="fedcba987654")
+    finally:
+        survivor.kill()
+        survivor.wait()
+    lock = run_lock.acquire_run_lock("nightly", "run-b", job_id="fedcba987654")
+    assert lock.run_id == "run-b"
+    assert recorded_processes("0123456789ab") == [], "records of exited processes stay"
