@@ -37,6 +37,7 @@ import pyarrow.compute as pc
 
 from rayflow.errors import RecordError
 from rayflow.eventtime.strategy import (
+    TIMESTAMP_COLUMN,
     attach_timestamps,
     split_timestamps,
     without_timestamps,
@@ -485,6 +486,16 @@ class KeyedReduceOperator(_KeyedOperator):
         self._out = self._output()
         self._loop_for: tuple[Any, ...] | None = None
         self._loop: ReduceLoop | None = None
+
+    def restore_state(self, snapshots: list[Any]) -> None:
+        super().restore_state(snapshots)
+        # The reduce of an earlier version kept event time's timestamp column in the
+        # values it reduced (it now stays out of every record): restored, a value that
+        # still holds it would emit it as a key of its own.
+        for table in self.backend.tables(self.STATE):
+            for value in table.values():
+                if isinstance(value, dict):
+                    value.pop(TIMESTAMP_COLUMN, None)
 
     def _compiled_loop(self, batch: pa.RecordBatch) -> ReduceLoop | None:
         """The loop that builds ``batch``'s records and emits into columns, once the

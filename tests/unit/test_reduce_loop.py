@@ -395,3 +395,30 @@ def test_event_time_stamps_stay_out_of_the_records_and_go_with_what_is_emitted()
     assert {r["names"] for r in out[2:]} == {"k,names,v"}
     assert [r["stamp"] for r in out] == [1000 + i for i in range(12)]
     assert [r["v"] for r in out] == [r["v"] for r in _reference(rows, _add)]
+
+
+def test_state_checkpointed_with_the_timestamp_key_is_restored_without_it():
+    """State of an earlier version: its reduce kept the event-time timestamp column in
+    the values it reduced (and checkpointed). Restored, a function that builds on the
+    value (``{**a, ...}``) emitted that key as a column of its own, beside the stamps
+    the records out carry: the batch out held the timestamp column twice."""
+    from rayflow.eventtime.strategy import TIMESTAMP_COLUMN
+
+    def merge(a: dict, b: dict) -> dict:
+        return {**a, "v": a["v"] + b["v"]}
+
+    old, _ = _columns_after([{"k": 0, "v": 1}], [{"k": 1, "v": 2}], merge)
+    for key in (0, 1):  # as the earlier version kept them
+        old.backend.table_of_key(key, old.STATE)[key][TIMESTAMP_COLUMN] = 5
+    snapshot = old.snapshot_state(1)
+    op, _ = _columns_after([{"k": 9, "v": 0}], [{"k": 9, "v": 0}], merge)
+    op.restore_state([snapshot])
+    stamped = pa.RecordBatch.from_pylist(
+        [{"k": 0, "v": 10, TIMESTAMP_COLUMN: 7}, {"k": 1, "v": 20, TIMESTAMP_COLUMN: 8}]
+    )
+    (out,) = op.process(stamped)
+    assert out.schema.names.count(TIMESTAMP_COLUMN) == 1
+    assert out.to_pylist() == [
+        {"k": 0, "v": 11, TIMESTAMP_COLUMN: 7},
+        {"k": 1, "v": 22, TIMESTAMP_COLUMN: 8},
+    ]
