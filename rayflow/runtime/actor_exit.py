@@ -49,6 +49,9 @@ UNREACHABLE_IS_GONE_S = 10.0
 STARTED_SLACK_S = 30.0
 #: How long killed actors may take to die and their processes to exit.
 KILL_TIMEOUT_S = 30.0
+#: How long, by default, a task that waits for processes on behalf of a Ray Client
+#: driver may take to start on the cluster (a worker process may have to start).
+TASK_START_S = 120.0
 #: How long an actor may take to say where it runs before it is killed.
 _WHEREABOUTS_TIMEOUT_S = 1.0
 #: How often the exit of a process on this node is looked for.
@@ -304,14 +307,22 @@ def processes_named(prefix: str) -> list[ActorProcess]:
     return found
 
 
-def wait_named_exited(prefix: str, timeout_s: float, also: Sequence[ActorProcess] = ()) -> bool:
+def wait_named_exited(
+    prefix: str,
+    timeout_s: float,
+    also: Sequence[ActorProcess] = (),
+    task_start_s: float = TASK_START_S,
+) -> bool:
     """``wait_exited(processes_named(prefix) + also, timeout_s)``, on the cluster: a Ray
     Client driver (``ray://``) runs it in a task there (its own machine is no node of the
-    cluster, and cannot read Ray's actor table). ``also``: processes of those actors known
-    otherwise (Ray's table may have dropped the entries of long-dead actors)."""
+    cluster, and cannot read Ray's actor table), given ``task_start_s`` more to start
+    (raises ``GetTimeoutError`` past that: not known). ``also``: processes of those
+    actors known otherwise (Ray's table may have dropped the entries of long-dead
+    actors)."""
     if _client_mode():
         task = _wait_named_there.options(num_cpus=0, max_retries=0)
-        return bool(ray.get(task.remote(prefix, timeout_s, list(also)), timeout=timeout_s + 120.0))
+        ref = task.remote(prefix, timeout_s, list(also))
+        return bool(ray.get(ref, timeout=timeout_s + task_start_s))
     return wait_exited(_together(processes_named(prefix), also), timeout_s)
 
 

@@ -76,6 +76,9 @@ _LOOKUP_RETRY_S = 30.0
 #: how long a taker waits for processes of a run whose process went without releasing
 #: its lock (they were not seen to exit as it ended, or it died)
 SURVIVORS_CHECK_S = 5.0
+#: how long a Ray Client taker gives the task that looks for them to start (past that it
+#: refuses: whether they run is not known)
+SURVIVORS_TASK_START_S = 25.0
 
 
 @dataclass(frozen=True)
@@ -296,7 +299,10 @@ def _refuse_beside_survivors(job_name: str, record: _Record) -> None:
         return  # a record of an earlier version: nothing to look for
     try:
         exited = wait_named_exited(
-            f"rayflow:{record.job_id}:", SURVIVORS_CHECK_S, recorded_processes(record.job_id)
+            f"rayflow:{record.job_id}:",
+            SURVIVORS_CHECK_S,
+            recorded_processes(record.job_id),
+            task_start_s=SURVIVORS_TASK_START_S,
         )
     except Exception as exc:  # noqa: BLE001 - not known: never taken as exited
         raise _survivors_refusal(

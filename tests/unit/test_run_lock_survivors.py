@@ -54,7 +54,7 @@ def test_a_lock_left_by_a_dead_process_is_refused_while_its_actors_processes_run
     _left_by_a_dead_process(store, "0123456789ab")
     asked: list[str] = []
 
-    def still_running(prefix, timeout_s, also=()):
+    def still_running(prefix, timeout_s, also=(), **options):
         asked.append(prefix)
         return False
 
@@ -68,7 +68,7 @@ def test_a_lock_left_by_a_dead_process_is_refused_while_that_is_unknown(monkeypa
     store = _Store(monkeypatch)
     _left_by_a_dead_process(store, "0123456789ab")
 
-    def unknown(prefix, timeout_s, also=()):
+    def unknown(prefix, timeout_s, also=(), **options):
         raise RuntimeError("Ray's actor table could not be read")
 
     monkeypatch.setattr(run_lock, "wait_named_exited", unknown)
@@ -79,7 +79,9 @@ def test_a_lock_left_by_a_dead_process_is_refused_while_that_is_unknown(monkeypa
 def test_a_lock_left_by_a_dead_process_is_taken_once_its_actors_are_gone(monkeypatch):
     store = _Store(monkeypatch)
     _left_by_a_dead_process(store, "0123456789ab")
-    monkeypatch.setattr(run_lock, "wait_named_exited", lambda prefix, timeout_s, also=(): True)
+    monkeypatch.setattr(
+        run_lock, "wait_named_exited", lambda prefix, timeout_s, also=(), **options: True
+    )
     lock = run_lock.acquire_run_lock("nightly", "run-b", job_id="fedcba987654")
     record = run_lock._read(lock.key)
     assert record.run_id == "run-b" and record.job_id == "fedcba987654"
@@ -90,7 +92,9 @@ def test_a_record_without_a_job_id_is_taken_as_before(monkeypatch):
     store = _Store(monkeypatch)
     _left_by_a_dead_process(store, None)
     monkeypatch.setattr(
-        run_lock, "wait_named_exited", lambda prefix, timeout_s, also=(): pytest.fail("looked")
+        run_lock,
+        "wait_named_exited",
+        lambda prefix, timeout_s, also=(), **options: pytest.fail("looked"),
     )
     assert run_lock.acquire_run_lock("nightly", "run-b", job_id="fedcba987654").run_id == "run-b"
 
@@ -122,3 +126,30 @@ def test_a_survivor_whose_entry_rays_actor_table_dropped_is_found_by_its_record(
     lock = run_lock.acquire_run_lock("nightly", "run-b", job_id="fedcba987654")
     assert lock.run_id == "run-b"
     assert recorded_processes("0123456789ab") == [], "records of exited processes stay"
+
+
+def test_a_ray_client_taker_is_refused_in_seconds_when_the_look_cannot_start(monkeypatch):
+    """Schedule: a Ray Client driver takes a name whose last run's process died; the task
+    that looks for that run's processes on the cluster does not start (no worker comes
+    up). Before: the taker blocked for 125 s before it was refused."""
+    store = _Store(monkeypatch)
+    _left_by_a_dead_process(store, "0123456789ab")
+    waited: list[float] = []
+
+    class Task:
+        def options(self, **options):
+            return self
+
+        def remote(self, *args):
+            return "ref"
+
+    def never_starts(ref, timeout=None):
+        waited.append(timeout)
+        raise actor_exit.ray.exceptions.GetTimeoutError("the task did not start")
+
+    monkeypatch.setattr(actor_exit, "_client_mode", lambda: True)
+    monkeypatch.setattr(actor_exit, "_wait_named_there", Task())
+    monkeypatch.setattr(actor_exit.ray, "get", never_starts)
+    with pytest.raises(ConcurrentRunError, match="run-a.*not known"):
+        run_lock.acquire_run_lock("nightly", "run-b", job_id="fedcba987654")
+    assert waited and waited[0] <= 30.0, waited
