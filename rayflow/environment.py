@@ -619,11 +619,11 @@ class JobClient:
         if self._result is not None:
             return self._result
         if self._outcome is not None:
-            raise self._outcome
+            raise self._outcome.with_traceback(None)
         deadline = None if timeout is None else time.time() + timeout
         while True:
             if self._outcome is not None:  # another thread's takeover ended the run
-                raise self._outcome
+                raise self._outcome.with_traceback(None)
             remaining = None if deadline is None else max(0.0, deadline - time.time())
             ref = self._run_ref
             try:
@@ -657,13 +657,13 @@ class JobClient:
             except Exception as exc:
                 with self._end:
                     if self._outcome is not None:  # another thread handled the end
-                        raise self._outcome from None
+                        raise self._outcome.with_traceback(None) from None
                     self._ended_with(_unwrap(exc))
         with self._end:
             if self._result is not None:  # another thread handled the end
                 return self._result
             if self._outcome is not None:
-                raise self._outcome
+                raise self._outcome.with_traceback(None)
             self._ending = JobState.FINISHED
             self._print_output(raw.get("output"))  # every line not printed here yet
             self._release()
@@ -777,7 +777,7 @@ class JobClient:
             if self._outcome is not None:
                 # another thread's takeover failed and released the run: no job master
                 # of it starts again (beside a next run of its name)
-                raise self._outcome
+                raise self._outcome.with_traceback(None)
             if self._run_ref is not ref:
                 return  # another thread took over already
             try:
@@ -970,7 +970,8 @@ def _kill_job_actors(job_id: str, timeout_s: float = 30.0) -> None:
         _wait_until_dead(job_id, handles, timeout_s)
         # Ray calls the actors of a lost job master dead before their processes exit
         try:
-            exited = wait_named_exited(f"rayflow:{job_id}:", timeout_s, recorded_processes(job_id))
+            recorded = recorded_processes(job_id)
+            exited = wait_named_exited(f"rayflow:{job_id}:", timeout_s, recorded)
         except Exception as exc:  # noqa: BLE001 - not known: never taken as exited
             what = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
             if not isinstance(exc, ActorTableUnavailable):
@@ -985,7 +986,7 @@ def _kill_job_actors(job_id: str, timeout_s: float = 30.0) -> None:
                 f"its run) still run after {timeout_s:g} s; nothing of it starts again "
                 "beside them"
             )
-        forget_processes(job_id)  # all exited: nobody needs to look for them again
+        forget_processes(job_id, recorded)  # exited: nobody needs to look for them again
     finally:
         # also when some still answer: Ray kills what runs in a removed group
         remove_job_placement_groups(job_id)

@@ -37,6 +37,7 @@ __all__ = [
     "kill_and_wait",
     "process_of",
     "processes_named",
+    "this_process",
     "wait_exited",
     "wait_named_exited",
 ]
@@ -80,19 +81,55 @@ class ActorsStillAlive(RuntimeError):
 class ActorProcess:
     """Where an actor runs: its node and its process there. ``started_by``: when known,
     the latest time (``time.time()``) the actor's process can have started; a process
-    with that pid started later is another one (the pid was used again)."""
+    with that pid started later is another one (the pid was used again). ``start_ticks``:
+    when known, the process's start as its node's kernel counts it (clock ticks since
+    boot): a process with that pid and another start is another one, whatever the
+    clocks say."""
 
     node_id: str
     pid: int
     started_by: float | None = None
+    start_ticks: int | None = None
+
+
+def _start_ticks(pid: int) -> int | None:
+    """When process ``pid`` of this node started, in clock ticks since boot (None where
+    it is gone or there is no ``/proc``)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return int(stat.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+_this: ActorProcess | None = None
+
+
+def this_process() -> ActorProcess:
+    """This process as an :class:`ActorProcess` (in a Ray worker: its node's id), the same
+    every time it is asked."""
+    global _this
+    if _this is None:
+        pid = os.getpid()
+        _this = ActorProcess(
+            str(ray.get_runtime_context().get_node_id()),
+            pid,
+            float(int(time.time()) + 1),  # it started before now
+            _start_ticks(pid) if _PROC else None,
+        )
+    return _this
 
 
 async def process_of(actor: Any, timeout_s: float | None = None) -> ActorProcess | None:
-    """Where ``actor`` runs, as it says (None when it cannot say within ``timeout_s``)."""
+    """Where ``actor`` runs, as it says (an :class:`ActorProcess`, or its node and pid;
+    None when it cannot say within ``timeout_s``)."""
     try:
-        node_id, pid = await asyncio.wait_for(
+        answer = await asyncio.wait_for(
             actor.whereabouts.remote(), timeout=timeout_s or _WHEREABOUTS_TIMEOUT_S
         )
+        if isinstance(answer, ActorProcess):
+            return answer
+        node_id, pid = answer
     except BaseException:  # noqa: BLE001 - dead, hung, or not a subtask actor: unknown
         return None
     return ActorProcess(str(node_id), int(pid))
@@ -116,10 +153,11 @@ _BOOT_TIME = _boot_time() if _PROC else 0.0
 _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
-def _running(pid: int, started_by: float | None = None) -> bool:
+def _running(pid: int, started_by: float | None = None, start_ticks: int | None = None) -> bool:
     """Whether any thread of process ``pid`` of this node still runs (a killed process's
     main thread can show as exited while its other threads still run), the process
-    having started by ``started_by`` when that is given."""
+    having started at ``start_ticks`` (clock ticks since boot), else by ``started_by``
+    (``time.time()``), when that is given."""
     if not _PROC:  # no /proc here: ask the kernel
         try:
             os.kill(pid, 0)
@@ -128,11 +166,12 @@ def _running(pid: int, started_by: float | None = None) -> bool:
         except PermissionError:
             return True
         return True
-    if started_by is not None and _BOOT_TIME:
-        try:
-            with open(f"/proc/{pid}/stat") as stat:
-                ticks = int(stat.read().rsplit(")", 1)[1].split()[19])
-        except (OSError, IndexError, ValueError):
+    if start_ticks is not None:
+        if _start_ticks(pid) != start_ticks:
+            return False  # gone, or another process with the same pid
+    elif started_by is not None and _BOOT_TIME:
+        ticks = _start_ticks(pid)
+        if ticks is None:
             return False
         if _BOOT_TIME + ticks / _TICKS > started_by:
             return False  # another process with the same pid
@@ -151,8 +190,12 @@ def _running(pid: int, started_by: float | None = None) -> bool:
     return False
 
 
-async def _gone_here(pid: int, deadline: float, started_by: float | None = None) -> bool:
-    while _running(pid, started_by):
+#: a process to look for on its node: pid, started by, start ticks (see ActorProcess)
+_Pid = tuple[int, float | None, int | None]
+
+
+async def _gone_here(pid: _Pid, deadline: float) -> bool:
+    while _running(*pid):
         if time.monotonic() > deadline:
             return False
         await asyncio.sleep(_POLL_S)
@@ -160,9 +203,9 @@ async def _gone_here(pid: int, deadline: float, started_by: float | None = None)
 
 
 @ray.remote(num_cpus=0, max_retries=0)
-def _gone_there(pids: list[tuple[int, float | None]], timeout_s: float) -> bool:
+def _gone_there(pids: list[_Pid], timeout_s: float) -> bool:
     deadline = time.monotonic() + timeout_s
-    while any(_running(pid, started_by) for pid, started_by in pids):
+    while any(_running(*pid) for pid in pids):
         if time.monotonic() > deadline:
             return False
         time.sleep(_POLL_S)
@@ -173,12 +216,12 @@ def _node_alive(node_id: str) -> bool:
     return any(node.get("NodeID") == node_id and node.get("Alive") for node in ray.nodes())
 
 
-async def _exited(node_id: str, pids: list[tuple[int, float | None]], deadline: float) -> bool:
-    """Whether the processes ``pids`` (pid, started by) of node ``node_id`` have all
-    exited by ``deadline``."""
+async def _exited(node_id: str, pids: list[_Pid], deadline: float) -> bool:
+    """Whether the processes ``pids`` of node ``node_id`` have all exited by
+    ``deadline``."""
     if node_id == ray.get_runtime_context().get_node_id():
-        for pid, started_by in pids:
-            if not await _gone_here(pid, deadline, started_by):
+        for pid in pids:
+            if not await _gone_here(pid, deadline):
                 return False
         return True
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -264,9 +307,11 @@ async def kill_and_wait(
 
 async def _exited_by_node(processes: list[ActorProcess], deadline: float) -> dict[str, bool]:
     """Per node of ``processes``: whether all of them there have exited by ``deadline``."""
-    by_node: dict[str, list[tuple[int, float | None]]] = {}
+    by_node: dict[str, list[_Pid]] = {}
     for process in processes:
-        by_node.setdefault(process.node_id, []).append((process.pid, process.started_by))
+        by_node.setdefault(process.node_id, []).append(
+            (process.pid, process.started_by, process.start_ticks)
+        )
     nodes = list(by_node)
     answers = await asyncio.gather(*(_exited(n, by_node[n], deadline) for n in nodes))
     return dict(zip(nodes, answers))

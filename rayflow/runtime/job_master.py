@@ -53,7 +53,7 @@ from rayflow.runtime.actor_exit import (
 )
 from rayflow.runtime.deployer import Deployer
 from rayflow.runtime.hooks import HookPoint
-from rayflow.runtime.job_processes import record_processes
+from rayflow.runtime.job_processes import forget_processes, record_this_process
 from rayflow.runtime.output import OutputAck, OutputChunk, OutputCollector
 from rayflow.runtime.placement import JobPlacement, PlacementPlan
 from rayflow.runtime.ray_metrics import JobMetrics
@@ -193,6 +193,9 @@ def _rss_bytes() -> int | None:
 @ray.remote(max_restarts=0, max_task_retries=0)
 class JobMaster:
     def __init__(self, graph: JobGraph, settings: JobSettings) -> None:
+        # before anything of it can write: whoever looks for the job's processes once
+        # nobody can ask (a next run of its name) finds this one
+        record_this_process()
         self.graph = graph
         self.settings = settings
         state = settings.supervisor
@@ -322,15 +325,23 @@ class JobMaster:
         try:
             await self._output.last_read(actors.items(), timeout_s=1.0)
         finally:
+            seen_exit = False  # every killed actor but the survivors: process seen to exit
             try:
                 await kill_and_wait(actors.values(), known=self._known())
+                seen_exit = True
             except ActorsStillAlive as exc:
                 self._survivors.extend(exc.actors)
+                seen_exit = True
                 raise
             finally:
+                exited = []
                 for actor in actors.values():
                     if not any(actor is s for s in self._survivors):  # still needed for them
-                        self._processes.pop(id(actor), None)
+                        entry = self._processes.pop(id(actor), None)
+                        if seen_exit and entry is not None:
+                            exited.append(entry[1])
+                if exited:  # nobody needs to look for these again
+                    await asyncio.to_thread(forget_processes, self.settings.job_id, exited)
 
     def _known(self) -> dict[int, ActorProcess]:
         return {key: process for key, (_, process) in self._processes.items()}
@@ -345,20 +356,6 @@ class JobMaster:
             # not for an actor killed meanwhile (its entry would outlive it)
             if process is not None and any(actor is a for a in live):
                 self._processes[id(actor)] = (actor, process)
-        # for whoever looks for them once nobody can ask (also those killed meanwhile:
-        # a killed actor's process may outlive it)
-        learnt = [process for process in found if process is not None]
-        if learnt:
-            try:
-                await asyncio.to_thread(record_processes, self.settings.job_id, learnt)
-            except Exception as exc:  # noqa: BLE001 - Ray's actor table still lists them
-                log.warning(
-                    "job %r: where its actors run could not be recorded (%s: %s); a later "
-                    "look for them relies on Ray's actor table alone",
-                    self.settings.job_name,
-                    type(exc).__name__,
-                    exc,
-                )
 
     async def _survivors_gone(self) -> bool:
         """Kill the survivors of earlier kills again and wait; whether all are gone now."""

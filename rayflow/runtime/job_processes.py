@@ -1,69 +1,108 @@
-"""Where a job's actors run, recorded in Ray's key-value store while the job runs.
+"""Where a job's actors run, recorded in Ray's key-value store by each actor itself.
 
 A run that ended (or whose process died) without seeing the processes of its actors
 exit keeps its job name locked for as long as they may still write; whoever looks for
 them later (a next run of the name, a driver's clean-up) cannot ask the actors any more.
-Ray's actor table lists dead actors with their processes, but keeps a bounded number of
-them: on a cluster that runs very many actors, the entry of a survivor can be dropped
-before anyone looks. So the job master records each process of its actors as it learns
-it (:func:`record_processes`), one key per process, ``job-processes:<job id>:<node
-id>:<pid>``, holding by when (this process's clock, plus a slack for clocks that differ
-between nodes) that process had started; a process with that pid that started later is
-another one. The records of a job are dropped (:func:`forget_processes`) once its
-processes are known to have exited. A record that cannot be read says so (it raises):
-never taken as no process.
+Ray's actor table lists dead actors with their processes, but not for ever: it drops the
+dead actors of a Ray job some minutes after that job (the driver) ended, and keeps a
+bounded number of them. So every actor of a job (its job master and each subtask)
+records its own process as it starts, before it can write anything
+(:func:`record_this_process`; an actor that cannot record itself fails to start). A
+record is one key, ``job-processes:<job id>:<node id>:<pid>:<start ticks>:<started
+by>``, with the process's start as its node's kernel counts it (so a later process with
+the same pid is never taken for it) and, for a node without ``/proc``, by when it had
+started (this node's clock).
+
+A record is dropped once its process is known to have exited: by the job master once
+it killed that actor and saw its process exit, and by whoever looked for the processes
+of a gone run and saw every one it read exit (:func:`forget_processes` deletes exactly
+the records read). A record that cannot be read raises (after a few tries): never
+taken as no process.
 """
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterable
 
+import ray
 from ray.experimental import internal_kv
 
-from rayflow.runtime.actor_exit import STARTED_SLACK_S, ActorProcess
+from rayflow.runtime.actor_exit import ActorProcess, this_process
 
-__all__ = ["forget_processes", "record_processes", "recorded_processes"]
+__all__ = ["forget_processes", "record_processes", "record_this_process", "recorded_processes"]
 
 NAMESPACE = "rayflow"
 _PREFIX = "job-processes:"
+#: How many times the records are read before their reader gives up, and the pause.
+_TRIES = 3
+_RETRY_S = 1.0
 
 
 def _job_prefix(job_id: str) -> bytes:
     return f"{_PREFIX}{job_id}:".encode()
 
 
+def _key(job_id: str, process: ActorProcess) -> bytes:
+    ticks = "" if process.start_ticks is None else str(process.start_ticks)
+    started_by = "" if process.started_by is None else str(int(process.started_by))
+    return _job_prefix(job_id) + f"{process.node_id}:{process.pid}:{ticks}:{started_by}".encode()
+
+
+def _parse(prefix: bytes, key: bytes) -> ActorProcess:
+    node_id, pid, ticks, started_by = key[len(prefix) :].decode().rsplit(":", 3)
+    return ActorProcess(
+        node_id,
+        int(pid),
+        float(started_by) if started_by else None,
+        int(ticks) if ticks else None,
+    )
+
+
+def record_this_process() -> ActorProcess | None:
+    """Record this actor's process under its job's id (from the actor's name,
+    ``rayflow:<job id>:...``); None (nothing recorded) where this is no named rayflow
+    actor. Raises where the store cannot be written: the actor must not start then."""
+    try:
+        name = ray.get_runtime_context().get_actor_name()
+    except Exception:  # noqa: BLE001 - not an actor (a driver, a test)
+        return None
+    parts = (name or "").split(":")
+    if len(parts) < 3 or parts[0] != "rayflow" or not parts[1]:
+        return None
+    process = this_process()
+    record_processes(parts[1], [process])
+    return process
+
+
 def record_processes(job_id: str, processes: Iterable[ActorProcess]) -> None:
-    """Record that ``processes`` (each as its actor said where it runs, just now) are
-    processes of job ``job_id``'s actors. Raises where the store cannot be written."""
-    started_by = time.time() + STARTED_SLACK_S
+    """Record ``processes`` as processes of job ``job_id``'s actors. Raises where the
+    store cannot be written."""
     for process in processes:
-        key = _job_prefix(job_id) + f"{process.node_id}:{process.pid}".encode()
-        value = json.dumps({"started_by": process.started_by or started_by}).encode()
-        internal_kv._internal_kv_put(key, value, overwrite=True, namespace=NAMESPACE)
+        internal_kv._internal_kv_put(_key(job_id, process), b"1", namespace=NAMESPACE)
 
 
 def recorded_processes(job_id: str) -> list[ActorProcess]:
-    """The processes recorded for job ``job_id``'s actors (none when none were).
-    Raises where the store cannot be read."""
+    """The processes recorded for job ``job_id``'s actors (none when none were). Raises
+    where the store cannot be read after a few tries."""
     prefix = _job_prefix(job_id)
-    found = []
-    for key in internal_kv._internal_kv_list(prefix, namespace=NAMESPACE):
-        raw = internal_kv._internal_kv_get(key, namespace=NAMESPACE)
-        if raw is None:
-            continue  # forgotten meanwhile: its processes had exited
-        node_id, _, pid = key[len(prefix) :].decode().rpartition(":")
-        started_by = json.loads(raw).get("started_by")
-        found.append(ActorProcess(node_id, int(pid), None if started_by is None else started_by))
-    return found
+    for attempt in range(_TRIES):
+        try:
+            keys = internal_kv._internal_kv_list(prefix, namespace=NAMESPACE)
+            break
+        except Exception:  # noqa: BLE001 - raised once the tries are spent
+            if attempt + 1 == _TRIES:
+                raise
+            time.sleep(_RETRY_S)
+    return [_parse(prefix, key) for key in keys]
 
 
-def forget_processes(job_id: str) -> None:
-    """Drop the records of job ``job_id`` (its processes have exited); best effort: a
-    record left names a process that has exited, which costs its reader one look."""
-    try:
-        for key in internal_kv._internal_kv_list(_job_prefix(job_id), namespace=NAMESPACE):
-            internal_kv._internal_kv_del(key, namespace=NAMESPACE)
-    except Exception:  # noqa: BLE001 - left for a later reader, harmless
-        pass
+def forget_processes(job_id: str, processes: Iterable[ActorProcess]) -> None:
+    """Drop the records of ``processes`` (as :func:`recorded_processes` or the actors
+    themselves gave them), which have exited; best effort: a record left names a process
+    that has exited, which costs its reader one look."""
+    for process in processes:
+        try:
+            internal_kv._internal_kv_del(_key(job_id, process), namespace=NAMESPACE)
+        except Exception:  # noqa: BLE001 - left for a later reader, harmless
+            pass

@@ -298,10 +298,11 @@ def _refuse_beside_survivors(job_name: str, record: _Record) -> None:
     if record.job_id is None:
         return  # a record of an earlier version: nothing to look for
     try:
+        recorded = recorded_processes(record.job_id)
         exited = wait_named_exited(
             f"rayflow:{record.job_id}:",
             SURVIVORS_CHECK_S,
-            recorded_processes(record.job_id),
+            recorded,
             task_start_s=SURVIVORS_TASK_START_S,
         )
     except Exception as exc:  # noqa: BLE001 - not known: never taken as exited
@@ -317,15 +318,15 @@ def _refuse_beside_survivors(job_name: str, record: _Record) -> None:
             "processes of its actors still run (or could not be looked at within "
             f"{SURVIVORS_CHECK_S:g} s)",
         )
-    forget_processes(record.job_id)  # all exited: nobody needs to look again
+    forget_processes(record.job_id, recorded)  # exited: nobody needs to look again
 
 
 def _survivors_refusal(job_name: str, run_id: str, why: str) -> ConcurrentRunError:
     return ConcurrentRunError(
         f"job {job_name!r} cannot start yet: its run {run_id} ended without releasing the "
         f"job name, and {why}; they may still write to its sinks, which a run of the same "
-        "name would share. Run it again once they have exited (the process that ran that "
-        "run releases the name then), stop them, or run this one under another name."
+        "name would share. Run it again once they have exited, stop them, or run this one "
+        "under another name."
     )
 
 

@@ -16,14 +16,15 @@ them; ``Subtask`` hops them over to the mailbox's event loop where they touch it
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import ray
 
 from rayflow.recoverability import classify
+from rayflow.runtime.actor_exit import ActorProcess, this_process
 from rayflow.runtime.data_plane import DataAddress, DataServer
 from rayflow.runtime.events import CheckpointBarrier
+from rayflow.runtime.job_processes import record_this_process
 from rayflow.runtime.output import OutputAck, OutputChunk
 from rayflow.runtime.subtask import CONTROL_GROUP, Subtask, SubtaskDeployment
 
@@ -38,6 +39,9 @@ class SubtaskActor:
     next one."""
 
     def __init__(self, deployment: SubtaskDeployment) -> None:
+        # before anything of it can write: whoever looks for the job's processes once
+        # nobody can ask (a next run of its name) finds this one
+        record_this_process()
         self._subtask = Subtask(deployment)
         # The input channels' connections (rayflow.runtime.data_plane); served from the
         # mailbox's loop once a sender asks where to connect.
@@ -130,9 +134,10 @@ class SubtaskActor:
         return True
 
     @ray.method(concurrency_group=CONTROL_GROUP)
-    async def whereabouts(self) -> tuple[str, int]:
-        """This actor's node and process (to see it has exited once killed)."""
-        return ray.get_runtime_context().get_node_id(), os.getpid()
+    async def whereabouts(self) -> ActorProcess:
+        """This actor's node and process (to see it has exited once killed), as it
+        recorded them."""
+        return this_process()
 
     @ray.method(concurrency_group=CONTROL_GROUP)
     async def drain_output(self, ack: OutputAck | None = None, final: bool = False) -> OutputChunk:

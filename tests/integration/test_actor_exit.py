@@ -87,10 +87,11 @@ def test_processes_of_named_actors_come_from_rays_table_also_once_they_are_dead(
 
 
 def test_a_job_records_where_its_actors_run_and_forgets_it_once_they_exited():
-    """The job master records each subtask's process under the job's id (for a later
-    look once nobody can ask the actors, whatever Ray's table of dead actors kept); a
-    run whose actors were seen to exit drops the records."""
+    """Every actor of a job (its job master, each subtask) records its own process under
+    the job's id as it starts (for a look once nobody can ask them, whatever Ray's table
+    of dead actors kept); a run whose actors were seen to exit drops the records."""
     from rayflow import NumberSequenceSource, StreamExecutionEnvironment
+    from rayflow.runtime.actor_exit import processes_named
     from rayflow.runtime.job_processes import recorded_processes
     from sinks.basic import CollectSink
 
@@ -101,21 +102,13 @@ def test_a_job_records_where_its_actors_run_and_forgets_it_once_they_exited():
     client = env.execute_async("records-where-actors-run")
     try:
         deadline, recorded = time.time() + 60, []
-        while len(recorded) < 2 and time.time() < deadline:  # two subtasks of p=2
+        while len(recorded) < 3 and time.time() < deadline:  # the job master, 2 subtasks
             recorded = recorded_processes(client.job_id)
             time.sleep(0.1)
-        named = [
-            a
-            for a in ray.util.list_named_actors(all_namespaces=True)
-            if a["name"].startswith(f"rayflow:{client.job_id}:v")
-        ]
-        pids = {
-            ray.get(ray.get_actor(a["name"], namespace=a["namespace"]).whereabouts.remote())[1]
-            for a in named
-        }
-        assert pids and pids <= {p.pid for p in recorded}, (pids, recorded)
+        listed = {p.pid for p in processes_named(f"rayflow:{client.job_id}:")}
+        assert len(listed) >= 3 and listed <= {p.pid for p in recorded}, (listed, recorded)
         node = ray.get_runtime_context().get_node_id()
-        assert all(p.node_id == node and p.started_by for p in recorded)
+        assert all(p.node_id == node and p.start_ticks for p in recorded), recorded
     finally:
         client.cancel(60)
     assert recorded_processes(client.job_id) == []

@@ -247,3 +247,14 @@ def test_a_ray_client_driver_waits_for_processes_in_a_task_on_the_cluster(monkey
     assert actor_exit.wait_named_exited("rayflow:job:", 7.0)
     assert ("remote", ("rayflow:job:", 7.0, [])) in sent
     assert sent[0][1]["num_cpus"] == 0
+
+
+def test_a_process_recorded_with_its_start_is_another_once_that_pid_started_again():
+    """A record names a process by its pid and its start in clock ticks since boot: a
+    later process with the same pid (pid reuse) is another, whatever the clocks."""
+    ticks = actor_exit._start_ticks(os.getpid())
+    assert ticks is not None
+    assert actor_exit._running(os.getpid(), None, ticks)
+    assert not actor_exit._running(os.getpid(), None, ticks - 1)
+    # the start ticks decide over a started-by that the clocks got wrong
+    assert actor_exit._running(os.getpid(), time.time() - 10 * 365 * 86400, ticks)

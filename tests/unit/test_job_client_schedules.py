@@ -225,3 +225,18 @@ def test_two_threads_that_see_the_failure_at_once_handle_its_end_once(monkeypatc
         thread.join(10)
     assert len(raised) == 2 and all(isinstance(e, environment.JobFailedError) for e in raised)
     assert calls == ["release", "end"], calls
+
+
+def test_waiting_again_and_again_after_a_failure_does_not_grow_its_traceback(monkeypatch):
+    """A poll loop of ``wait(timeout=1)`` after the end raised one exception object again
+    and again, each raise adding its frames to that object's traceback."""
+    client, _ = _ended_client(monkeypatch)
+    depths = []
+    for _ in range(50):
+        with pytest.raises(environment.JobFailedError) as info:
+            client.wait(timeout=1)
+        depth, tb = 0, info.value.__traceback__
+        while tb is not None:
+            depth, tb = depth + 1, tb.tb_next
+        depths.append(depth)
+    assert max(depths[1:]) <= depths[1] + 1, depths[:5] + depths[-3:]

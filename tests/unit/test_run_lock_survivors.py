@@ -10,7 +10,7 @@ import subprocess
 import pytest
 
 from rayflow.errors import ConcurrentRunError
-from rayflow.runtime import actor_exit, run_lock
+from rayflow.runtime import actor_exit, job_processes, run_lock
 from rayflow.runtime.actor_exit import ActorProcess
 from rayflow.runtime.job_processes import record_processes, recorded_processes
 
@@ -59,9 +59,11 @@ def test_a_lock_left_by_a_dead_process_is_refused_while_its_actors_processes_run
         return False
 
     monkeypatch.setattr(run_lock, "wait_named_exited", still_running)
-    with pytest.raises(ConcurrentRunError, match="run-a.*still run"):
+    with pytest.raises(ConcurrentRunError, match="run-a.*still run") as info:
         run_lock.acquire_run_lock("nightly", "run-b", job_id="fedcba987654")
     assert asked == ["rayflow:0123456789ab:"]
+    # nobody will release it: the process that took it is gone
+    assert "cannot start yet" in str(info.value) and "releases" not in str(info.value)
 
 
 def test_a_lock_left_by_a_dead_process_is_refused_while_that_is_unknown(monkeypatch):
@@ -153,3 +155,38 @@ def test_a_ray_client_taker_is_refused_in_seconds_when_the_look_cannot_start(mon
     with pytest.raises(ConcurrentRunError, match="run-a.*not known"):
         run_lock.acquire_run_lock("nightly", "run-b", job_id="fedcba987654")
     assert waited and waited[0] <= 30.0, waited
+
+
+def test_a_taker_forgets_only_the_records_it_looked_at(monkeypatch):
+    """Schedule: a taker reads a gone run's records and waits for those processes; while
+    it waits, an actor of that job (a job master a restarted host started) records its
+    process. Before: once the ones read had exited, the taker deleted every record of
+    the job, that new one too, which nobody had looked at."""
+    store = _Store(monkeypatch)
+    _left_by_a_dead_process(store, "0123456789ab")
+    record_processes("0123456789ab", [ActorProcess("node-a", 101)])
+    late = ActorProcess("node-a", 202, 1_800_000_000.0, 4242)
+
+    def exited_meanwhile(prefix, timeout_s, also=(), **options):
+        assert [p.pid for p in also] == [101]
+        record_processes("0123456789ab", [late])
+        return True
+
+    monkeypatch.setattr(run_lock, "wait_named_exited", exited_meanwhile)
+    run_lock.acquire_run_lock("nightly", "run-b", job_id="fedcba987654")
+    assert recorded_processes("0123456789ab") == [late]
+
+
+def test_records_are_read_again_when_the_store_fails_once(monkeypatch):
+    store = _Store(monkeypatch)
+    record_processes("0123456789ab", [ActorProcess("node-a", 101)])
+    failures = [RuntimeError("the GCS is restarting")]
+
+    def flaky(prefix, namespace=None):
+        if failures:
+            raise failures.pop()
+        return store.list(prefix)
+
+    monkeypatch.setattr(run_lock.internal_kv, "_internal_kv_list", flaky)
+    monkeypatch.setattr(job_processes, "_RETRY_S", 0.01)
+    assert [p.pid for p in recorded_processes("0123456789ab")] == [101]
