@@ -47,7 +47,7 @@ from rayflow.runtime.channels import DEFAULT_BUFFER_TIMEOUT_MS
 from rayflow.runtime.debloat import MIN_TARGET_MS
 from rayflow.runtime.hook_env import mark_hooked_raylet
 from rayflow.runtime.job_master import JobMaster, _unwrap
-from rayflow.runtime.job_processes import forget_processes, recorded_processes
+from rayflow.runtime.job_processes import forget_processes, wait_recorded_exited
 from rayflow.runtime.latency import DEFAULT_LATENCY_TRACKING_INTERVAL_MS, LatencyTracker
 from rayflow.runtime.output import OutputChunk, OutputReader
 from rayflow.runtime.placement import (
@@ -970,8 +970,7 @@ def _kill_job_actors(job_id: str, timeout_s: float = 30.0) -> None:
         _wait_until_dead(job_id, handles, timeout_s)
         # Ray calls the actors of a lost job master dead before their processes exit
         try:
-            recorded = recorded_processes(job_id)
-            exited = wait_named_exited(f"rayflow:{job_id}:", timeout_s, recorded)
+            exited = wait_recorded_exited(job_id, timeout_s, wait_named_exited)
         except Exception as exc:  # noqa: BLE001 - not known: never taken as exited
             what = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
             if not isinstance(exc, ActorTableUnavailable):
@@ -980,13 +979,13 @@ def _kill_job_actors(job_id: str, timeout_s: float = 30.0) -> None:
                 f"job {job_id}: whether processes of its actors still run is not known "
                 f"({what}); nothing of it starts again before that is known"
             ) from None
-        if not exited:
+        if exited is None:
             raise JobFailedError(
                 f"job {job_id}: processes of its actors (a lost job master's, or those of "
                 f"its run) still run after {timeout_s:g} s; nothing of it starts again "
                 "beside them"
             )
-        forget_processes(job_id, recorded)  # exited: nobody needs to look for them again
+        forget_processes(job_id, exited)  # exited: nobody needs to look for them again
     finally:
         # also when some still answer: Ray kills what runs in a removed group
         remove_job_placement_groups(job_id)

@@ -372,9 +372,10 @@ def wait_named_exited(
 
 
 def _together(found: list[ActorProcess], also: Sequence[ActorProcess]) -> list[ActorProcess]:
-    """``found`` and those of ``also`` it lacks (by node and pid)."""
-    seen = {(p.node_id, p.pid) for p in found}
-    return found + [p for p in also if (p.node_id, p.pid) not in seen]
+    """``found`` and ``also``, each kept: one process may be in both, told apart there by
+    different means (Ray's start time against a record's start ticks), and each must say
+    it has exited."""
+    return found + [p for p in also if p not in found]
 
 
 def _client_mode() -> bool:

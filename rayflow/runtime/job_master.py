@@ -326,8 +326,9 @@ class JobMaster:
             await self._output.last_read(actors.items(), timeout_s=1.0)
         finally:
             seen_exit = False  # every killed actor but the survivors: process seen to exit
+            known = self._known()  # the processes the kill waits for (others it asks)
             try:
-                await kill_and_wait(actors.values(), known=self._known())
+                await kill_and_wait(actors.values(), known=known)
                 seen_exit = True
             except ActorsStillAlive as exc:
                 self._survivors.extend(exc.actors)
@@ -337,9 +338,9 @@ class JobMaster:
                 exited = []
                 for actor in actors.values():
                     if not any(actor is s for s in self._survivors):  # still needed for them
-                        entry = self._processes.pop(id(actor), None)
-                        if seen_exit and entry is not None:
-                            exited.append(entry[1])
+                        self._processes.pop(id(actor), None)
+                        if seen_exit and id(actor) in known:
+                            exited.append(known[id(actor)])
                 if exited:  # nobody needs to look for these again
                     await asyncio.to_thread(forget_processes, self.settings.job_id, exited)
 

@@ -23,12 +23,13 @@ taken as no process.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import ray
 from ray.experimental import internal_kv
 
-from rayflow.runtime.actor_exit import ActorProcess, this_process
+from rayflow.runtime.actor_exit import ActorProcess, this_process, wait_named_exited
 
 __all__ = ["forget_processes", "record_processes", "record_this_process", "recorded_processes"]
 
@@ -95,6 +96,38 @@ def recorded_processes(job_id: str) -> list[ActorProcess]:
                 raise
             time.sleep(_RETRY_S)
     return [_parse(prefix, key) for key in keys]
+
+
+#: How many times a look for a gone run's processes reads the records again after its
+#: wait: an actor that a dying job master created meanwhile records itself before it can
+#: write, and is waited for in the next round.
+_ROUNDS = 10
+
+
+def wait_recorded_exited(
+    job_id: str,
+    timeout_s: float,
+    wait: Callable[..., bool] = wait_named_exited,
+    **options: Any,
+) -> list[ActorProcess] | None:
+    """Wait for the processes of job ``job_id``'s actors, Ray's table's and the recorded
+    ones (``wait``: :func:`~rayflow.runtime.actor_exit.wait_named_exited`, given
+    ``options``), until a read of the records after a wait shows none it did not wait
+    for. Returns the recorded processes it saw exit (to forget), or None when one still
+    runs after ``timeout_s`` or records kept appearing. Raises where the records cannot
+    be read or the processes cannot be looked at: never taken as exited."""
+    deadline = time.monotonic() + timeout_s
+    waited: list[ActorProcess] = []
+    recorded = recorded_processes(job_id)
+    for _ in range(_ROUNDS):
+        left = max(0.0, deadline - time.monotonic())
+        if not wait(f"rayflow:{job_id}:", left, recorded, **options):
+            return None
+        waited += [p for p in recorded if p not in waited]
+        recorded = recorded_processes(job_id)
+        if all(p in waited for p in recorded):
+            return waited
+    return None
 
 
 def forget_processes(job_id: str, processes: Iterable[ActorProcess]) -> None:

@@ -54,7 +54,7 @@ from ray.experimental import internal_kv
 
 from rayflow.errors import ConcurrentRunError
 from rayflow.runtime.actor_exit import wait_named_exited
-from rayflow.runtime.job_processes import forget_processes, recorded_processes
+from rayflow.runtime.job_processes import forget_processes, wait_recorded_exited
 
 __all__ = [
     "ConcurrentRunError",
@@ -298,11 +298,10 @@ def _refuse_beside_survivors(job_name: str, record: _Record) -> None:
     if record.job_id is None:
         return  # a record of an earlier version: nothing to look for
     try:
-        recorded = recorded_processes(record.job_id)
-        exited = wait_named_exited(
-            f"rayflow:{record.job_id}:",
+        exited = wait_recorded_exited(
+            record.job_id,
             SURVIVORS_CHECK_S,
-            recorded,
+            wait_named_exited,
             task_start_s=SURVIVORS_TASK_START_S,
         )
     except Exception as exc:  # noqa: BLE001 - not known: never taken as exited
@@ -311,14 +310,14 @@ def _refuse_beside_survivors(job_name: str, record: _Record) -> None:
             record.run_id,
             f"whether processes of its actors still run is not known ({type(exc).__name__}: {exc})",
         ) from None
-    if not exited:
+    if exited is None:
         raise _survivors_refusal(
             job_name,
             record.run_id,
             "processes of its actors still run (or could not be looked at within "
             f"{SURVIVORS_CHECK_S:g} s)",
         )
-    forget_processes(record.job_id, recorded)  # exited: nobody needs to look again
+    forget_processes(record.job_id, exited)  # exited: nobody needs to look again
 
 
 def _survivors_refusal(job_name: str, run_id: str, why: str) -> ConcurrentRunError:

@@ -258,3 +258,48 @@ def test_a_process_recorded_with_its_start_is_another_once_that_pid_started_agai
     assert not actor_exit._running(os.getpid(), None, ticks - 1)
     # the start ticks decide over a started-by that the clocks got wrong
     assert actor_exit._running(os.getpid(), time.time() - 10 * 365 * 86400, ticks)
+
+
+def test_a_process_listed_twice_is_waited_for_by_each_listing():
+    """Ray's table and a record can list one process, told apart differently: the table
+    by its start time (a node's clock ahead of the GCS's by more than the slack makes a
+    live process look like another), the record by its start ticks. Before: the record
+    was dropped as a duplicate and the live process taken as exited."""
+    pid = os.getpid()
+    skewed = actor_exit.ActorProcess("n", pid, time.time() - 31)
+    recorded = actor_exit.ActorProcess("n", pid, None, actor_exit._start_ticks(pid))
+    both = actor_exit._together([skewed], [recorded])
+    assert any(actor_exit._running(p.pid, p.started_by, p.start_ticks) for p in both)
+
+
+def test_the_job_master_forgets_only_processes_its_kill_waited_for(no_ray, monkeypatch):
+    """Schedule: the job master kills an actor it had not yet learnt the process of (a
+    busy actor, its answer pending); the kill asks it, gets no answer, and counts it gone
+    once Ray calls it dead; the pending answer then lands. Before: the job master forgot
+    the record of that process, whose exit nobody had seen."""
+    from rayflow.runtime import job_master
+
+    actor = _Dead()
+    late = ActorProcess(HERE, os.getpid(), None, 4242)
+    master = _master()
+    master.settings.job_id = "0123456789ab"
+    forgotten: list = []
+
+    async def kill(actors, known=None):
+        assert id(actor) not in known
+        master._processes[id(actor)] = (actor, late)  # the answer lands meanwhile
+
+    monkeypatch.setattr(job_master, "kill_and_wait", kill)
+    monkeypatch.setattr(job_master, "forget_processes", lambda job, ps: forgotten.extend(ps))
+    asyncio.run(master._read_then_kill({(1, 0): actor}))
+    assert late not in forgotten
+    # a process the kill did wait for is forgotten
+    known = ActorProcess(HERE, os.getpid(), None, 4343)
+    master._processes[id(actor)] = (actor, known)
+
+    async def waited(actors, known=None):
+        assert id(actor) in known
+
+    monkeypatch.setattr(job_master, "kill_and_wait", waited)
+    asyncio.run(master._read_then_kill({(1, 0): actor}))
+    assert forgotten == [known]

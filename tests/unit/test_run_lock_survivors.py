@@ -157,24 +157,35 @@ def test_a_ray_client_taker_is_refused_in_seconds_when_the_look_cannot_start(mon
     assert waited and waited[0] <= 30.0, waited
 
 
-def test_a_taker_forgets_only_the_records_it_looked_at(monkeypatch):
-    """Schedule: a taker reads a gone run's records and waits for those processes; while
-    it waits, an actor of that job (a job master a restarted host started) records its
-    process. Before: once the ones read had exited, the taker deleted every record of
-    the job, that new one too, which nobody had looked at."""
+def test_a_process_recorded_while_the_taker_waits_is_waited_for_too(monkeypatch):
+    """Schedule: a run's driver dies; its job master, which Ray already calls dead, still
+    runs and deploys a subtask, which records its process; then the job master's
+    process exits. Before: the taker waited only for the processes it had read, saw
+    them exit and took the name beside the new subtask (and, earlier still, deleted its
+    record unread)."""
     store = _Store(monkeypatch)
     _left_by_a_dead_process(store, "0123456789ab")
-    record_processes("0123456789ab", [ActorProcess("node-a", 101)])
+    master = ActorProcess("node-a", 101)
+    record_processes("0123456789ab", [master])
     late = ActorProcess("node-a", 202, 1_800_000_000.0, 4242)
+    looks: list[list[int]] = []
 
-    def exited_meanwhile(prefix, timeout_s, also=(), **options):
-        assert [p.pid for p in also] == [101]
-        record_processes("0123456789ab", [late])
-        return True
+    def late_one_still_runs(prefix, timeout_s, also=(), **options):
+        looks.append([p.pid for p in also])
+        if len(looks) == 1:
+            record_processes("0123456789ab", [late])  # deployed while the master died
+            return True  # the master's process exited
+        return late not in also
 
-    monkeypatch.setattr(run_lock, "wait_named_exited", exited_meanwhile)
+    monkeypatch.setattr(run_lock, "wait_named_exited", late_one_still_runs)
+    with pytest.raises(ConcurrentRunError, match="run-a.*still run"):
+        run_lock.acquire_run_lock("nightly", "run-b", job_id="fedcba987654")
+    assert looks == [[101], [101, 202]]
+    assert late in recorded_processes("0123456789ab")
+    # once it has exited too, the name is taken and both records go
+    monkeypatch.setattr(run_lock, "wait_named_exited", lambda *args, **options: True)
     run_lock.acquire_run_lock("nightly", "run-b", job_id="fedcba987654")
-    assert recorded_processes("0123456789ab") == [late]
+    assert recorded_processes("0123456789ab") == []
 
 
 def test_records_are_read_again_when_the_store_fails_once(monkeypatch):
