@@ -922,6 +922,16 @@ def settings_generation(settings: JobSettings) -> int:
     return settings.supervisor.master_generation if settings.supervisor else 0
 
 
+#: actor options of a subtask that only rayflow sets (set_subtask_options refuses them)
+_OWN_SUBTASK_OPTIONS = (
+    "max_restarts",
+    "max_task_retries",
+    "lifetime",
+    "name",
+    "namespace",
+    "get_if_exists",
+)
+
 #: an unreachable job master is taken for lost after this long
 MASTER_UNREACHABLE_S = 60.0
 #: how often a run that ended holding its job name (its actors not known to have
@@ -1446,7 +1456,19 @@ class StreamExecutionEnvironment:
         (``num_cpus``, ``num_gpus``, ``memory``, ``resources``) are every subtask's request
         where its operators' ``set_resources`` leave a field unset; a
         ``scheduling_strategy`` or ``placement_group`` of its own turns the job's
-        placement group off (see ``set_placement``)."""
+        placement group off (see ``set_placement``). Options that decide a subtask's
+        life and name (``max_restarts``, ``max_task_retries``, ``lifetime``, ``name``,
+        ``namespace``, ``get_if_exists``) are rayflow's own and raise ``ValueError``: a
+        subtask is never restarted by Ray (its job master deploys the next attempt) and
+        lives no longer than its job."""
+        for option in _OWN_SUBTASK_OPTIONS:
+            if option in options:
+                raise ValueError(
+                    f"set_subtask_options: {option!r} is rayflow's own: a subtask is never "
+                    "restarted or kept by Ray (its job master deploys the next attempt, "
+                    "and every process of a run is looked for before its job name is "
+                    "taken again); use the restart strategy instead"
+                )
         ResourceSpec.of(
             "set_subtask_options",
             **{

@@ -28,6 +28,7 @@ import ray
 from ray.exceptions import ActorUnavailableError, RayActorError
 
 __all__ = [
+    "ActorsNotPlaced",
     "ActorsStillAlive",
     "ActorTableUnavailable",
     "ActorProcess",
@@ -57,6 +58,8 @@ TASK_START_S = 120.0
 _WHEREABOUTS_TIMEOUT_S = 1.0
 #: How often the exit of a process on this node is looked for.
 _POLL_S = 0.005
+#: How often Ray's actor table is read again while an actor looked for is not placed.
+_UNPLACED_POLL_S = 0.1
 #: How many times Ray's actor table is read before its reader gives up, and the pause
 #: between reads.
 _TABLE_TRIES = 3
@@ -317,7 +320,12 @@ async def _exited_by_node(processes: list[ActorProcess], deadline: float) -> dic
     return dict(zip(nodes, answers))
 
 
-def processes_named(prefix: str) -> list[ActorProcess]:
+class ActorsNotPlaced(RuntimeError):
+    """Actors of the name looked for are not dead and have no process in Ray's table yet
+    (being created, or restarted): a process may start for them at any time."""
+
+
+def processes_named(prefix: str, placed: bool = False) -> list[ActorProcess]:
     """The processes of every actor whose name starts with ``prefix``, alive or dead, from
     Ray's actor table: for actors whose owner died, which Ray calls dead before their
     processes exit, and which nobody can ask any more. Each process counts as the
@@ -325,7 +333,8 @@ def processes_named(prefix: str) -> list[ActorProcess]:
     clock and a node's may differ a little; a pid used again belongs to a process started
     after the actor died). Raises :class:`ActorTableUnavailable` where the table cannot
     be read (the GCS does not answer; an internal interface, not in Ray Client mode:
-    there, see :func:`wait_named_exited`)."""
+    there, see :func:`wait_named_exited`). ``placed``: raise :class:`ActorsNotPlaced`
+    where such an actor is not dead and has no process yet."""
     from ray._private import state
 
     for attempt in range(_TABLE_TRIES):
@@ -347,6 +356,10 @@ def processes_named(prefix: str) -> list[ActorProcess]:
             continue
         pid, node = info.get("Pid"), (info.get("Address") or {}).get("NodeID")
         started = info.get("StartTime") or 0
+        if placed and not pid and info.get("State") != "DEAD":
+            raise ActorsNotPlaced(
+                f"actor {info.get('Name')!r} is {info.get('State')} and has no process yet"
+            )
         if pid and node and started:
             found.append(ActorProcess(str(node), int(pid), started / 1000.0 + STARTED_SLACK_S))
     return found
@@ -368,7 +381,23 @@ def wait_named_exited(
         task = _wait_named_there.options(num_cpus=0, max_retries=0)
         ref = task.remote(prefix, timeout_s, list(also))
         return bool(ray.get(ref, timeout=timeout_s + task_start_s))
-    return wait_exited(_together(processes_named(prefix), also), timeout_s)
+    return _wait_named(prefix, timeout_s, also)
+
+
+def _wait_named(prefix: str, timeout_s: float, also: Sequence[ActorProcess]) -> bool:
+    """:func:`wait_named_exited` on a node of the cluster: an actor of the name not yet
+    placed (no process yet, not dead) is waited for until it is dead or has a process,
+    else it counts as running."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            found = processes_named(prefix, placed=True)
+            break
+        except ActorsNotPlaced:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(_UNPLACED_POLL_S)
+    return wait_exited(_together(found, also), max(0.0, deadline - time.monotonic()))
 
 
 def _together(found: list[ActorProcess], also: Sequence[ActorProcess]) -> list[ActorProcess]:
@@ -389,7 +418,7 @@ def _client_mode() -> bool:
 
 @ray.remote(num_cpus=0, max_retries=0)
 def _wait_named_there(prefix: str, timeout_s: float, also: Sequence[ActorProcess] = ()) -> bool:
-    return wait_exited(_together(processes_named(prefix), also), timeout_s)
+    return _wait_named(prefix, timeout_s, also)
 
 
 def wait_exited(processes: list[ActorProcess], timeout_s: float) -> bool:

@@ -363,8 +363,9 @@ class JobMaster:
         survivors = list(self._survivors)
         if not survivors:
             return True
+        known = self._known()  # the processes the kill waits for (others it asks)
         try:
-            await kill_and_wait(survivors, known=self._known())
+            await kill_and_wait(survivors, known=known)
         except Exception as exc:  # noqa: BLE001 - ActorsStillAlive, or Ray did not answer
             log.error("job %r: %s", self.settings.job_name, exc)
             if isinstance(exc, ActorsStillAlive):
@@ -373,6 +374,9 @@ class JobMaster:
         self._survivors = []
         for actor in survivors:
             self._processes.pop(id(actor), None)
+        exited = [known[id(actor)] for actor in survivors if id(actor) in known]
+        if exited:  # seen to exit: nobody needs to look for these again
+            await asyncio.to_thread(forget_processes, self.settings.job_id, exited)
         return True
 
     def _keep_final_output(self, results: dict[tuple[int, int], Any]) -> None:

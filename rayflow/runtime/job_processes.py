@@ -102,6 +102,9 @@ def recorded_processes(job_id: str) -> list[ActorProcess]:
 #: wait: an actor that a dying job master created meanwhile records itself before it can
 #: write, and is waited for in the next round.
 _ROUNDS = 10
+#: The least time a round of that look gets (a process on another node is looked at by
+#: a task, which needs a moment to start).
+_MIN_ROUND_S = 1.0
 
 
 def wait_recorded_exited(
@@ -120,7 +123,8 @@ def wait_recorded_exited(
     waited: list[ActorProcess] = []
     recorded = recorded_processes(job_id)
     for _ in range(_ROUNDS):
-        left = max(0.0, deadline - time.monotonic())
+        # a round past the deadline still looks once, on every node
+        left = max(_MIN_ROUND_S, deadline - time.monotonic())
         if not wait(f"rayflow:{job_id}:", left, recorded, **options):
             return None
         waited += [p for p in recorded if p not in waited]

@@ -303,3 +303,37 @@ def test_the_job_master_forgets_only_processes_its_kill_waited_for(no_ray, monke
     monkeypatch.setattr(job_master, "kill_and_wait", waited)
     asyncio.run(master._read_then_kill({(1, 0): actor}))
     assert forgotten == [known]
+
+
+def test_an_actor_being_created_counts_as_running_until_it_is_dead_or_placed(monkeypatch):
+    """Schedule: a gone run's job master had asked for a subtask; Ray's table lists it
+    PENDING_CREATION with no process yet (its worker may be starting it). Before: the
+    look skipped entries without a pid and took the run's processes for exited."""
+    from ray._private import state
+
+    entry = {"Name": "rayflow:j1:v1:s0:g0-0", "State": "PENDING_CREATION", "Pid": 0}
+    monkeypatch.setattr(state, "actors", lambda: {"a": entry})
+    monkeypatch.setattr(actor_exit, "_client_mode", lambda: False)
+    monkeypatch.setattr(actor_exit, "_UNPLACED_POLL_S", 0.01)
+    assert actor_exit.wait_named_exited("rayflow:j1:", 0.2) is False
+    entry["State"] = "DEAD"  # never placed, and dead now
+    assert actor_exit.wait_named_exited("rayflow:j1:", 0.2) is True
+
+
+def test_a_survivor_seen_to_exit_on_a_later_look_is_forgotten(no_ray, monkeypatch):
+    from rayflow.runtime import job_master
+
+    actor = _Dead()
+    process = ActorProcess(HERE, os.getpid(), None, 4242)
+    master = _master(_survivors=[actor])
+    master.settings.job_id = "0123456789ab"
+    master._processes = {id(actor): (actor, process)}
+    forgotten: list = []
+
+    async def exits(actors, known=None):
+        assert known[id(actor)] == process
+
+    monkeypatch.setattr(job_master, "kill_and_wait", exits)
+    monkeypatch.setattr(job_master, "forget_processes", lambda job, ps: forgotten.extend(ps))
+    assert asyncio.run(master._survivors_gone()) is True
+    assert forgotten == [process]

@@ -140,3 +140,15 @@ def test_set_placement_is_checked():
         e.set_placement("everywhere")
     with pytest.raises(ValueError, match="ready_timeout_s"):
         e.set_placement(ready_timeout_s=0)
+
+
+@pytest.mark.parametrize(
+    "option",
+    ["max_restarts", "max_task_retries", "lifetime", "name", "namespace", "get_if_exists"],
+)
+def test_options_that_decide_a_subtasks_life_are_refused_by_name(option):
+    """A Ray-restarted subtask (``max_restarts``) or a detached one would start a process
+    after a look for a gone run's processes had seen none: these are rayflow's own."""
+    env = StreamExecutionEnvironment.get_execution_environment()
+    with pytest.raises(ValueError, match=f"set_subtask_options: '{option}' is rayflow's own"):
+        env.set_subtask_options(**{option: 1})

@@ -114,7 +114,7 @@ def test_a_survivor_whose_entry_rays_actor_table_dropped_is_found_by_its_record(
     names it."""
     store = _Store(monkeypatch)
     _left_by_a_dead_process(store, "0123456789ab")
-    monkeypatch.setattr(actor_exit, "processes_named", lambda prefix: [])  # dropped
+    monkeypatch.setattr(actor_exit, "processes_named", lambda prefix, placed=False: [])  # dropped
     monkeypatch.setattr(actor_exit.ray, "get_runtime_context", lambda: _ThisNode())
     monkeypatch.setattr(run_lock, "SURVIVORS_CHECK_S", 0.3)
     survivor = subprocess.Popen(["sleep", "60"])
@@ -201,3 +201,25 @@ def test_records_are_read_again_when_the_store_fails_once(monkeypatch):
     monkeypatch.setattr(run_lock.internal_kv, "_internal_kv_list", flaky)
     monkeypatch.setattr(job_processes, "_RETRY_S", 0.01)
     assert [p.pid for p in recorded_processes("0123456789ab")] == [101]
+
+
+def test_every_round_of_the_look_gets_time_to_look_on_other_nodes(monkeypatch):
+    """A round that starts past the deadline (an earlier round used it all, and a record
+    appeared) still looks: a process on another node is looked at by a task, which needs
+    a moment to start. Before: it got no time, and a run whose processes had all exited
+    was refused."""
+    store = _Store(monkeypatch)
+    _left_by_a_dead_process(store, "0123456789ab")
+    record_processes("0123456789ab", [ActorProcess("node-a", 101)])
+    given: list[float] = []
+
+    def exited(prefix, timeout_s, also=(), **options):
+        given.append(timeout_s)
+        if len(given) == 1:
+            record_processes("0123456789ab", [ActorProcess("node-b", 202)])
+        return True
+
+    monkeypatch.setattr(run_lock, "SURVIVORS_CHECK_S", 0.0)
+    monkeypatch.setattr(run_lock, "wait_named_exited", exited)
+    run_lock.acquire_run_lock("nightly", "run-b", job_id="fedcba987654")
+    assert len(given) == 2 and min(given) >= 1.0, given
