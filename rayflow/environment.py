@@ -329,6 +329,8 @@ class JobClient:
         self._master = JobMaster.options(
             name=f"rayflow:{self.job_id}:master:{generation}",
             max_concurrency=1000,
+            # never detached, whatever the driver's default: it goes with its owner
+            lifetime="non_detached",
             **options,
         ).remote(self._graph, self._settings)
         self._run_ref = self._master.run.remote()
@@ -930,6 +932,8 @@ _OWN_SUBTASK_OPTIONS = (
     "name",
     "namespace",
     "get_if_exists",
+    "max_concurrency",
+    "concurrency_groups",
 )
 
 #: an unreachable job master is taken for lost after this long
@@ -1458,7 +1462,8 @@ class StreamExecutionEnvironment:
         ``scheduling_strategy`` or ``placement_group`` of its own turns the job's
         placement group off (see ``set_placement``). Options that decide a subtask's
         life and name (``max_restarts``, ``max_task_retries``, ``lifetime``, ``name``,
-        ``namespace``, ``get_if_exists``) are rayflow's own and raise ``ValueError``: a
+        ``namespace``, ``get_if_exists``, and its concurrency: ``max_concurrency``,
+        ``concurrency_groups``) are rayflow's own and raise ``ValueError``: a
         subtask is never restarted by Ray (its job master deploys the next attempt) and
         lives no longer than its job."""
         for option in _OWN_SUBTASK_OPTIONS:

@@ -355,14 +355,26 @@ def processes_named(prefix: str, placed: bool = False) -> list[ActorProcess]:
         if not str(info.get("Name") or "").startswith(prefix):
             continue
         pid, node = info.get("Pid"), (info.get("Address") or {}).get("NodeID")
-        started = info.get("StartTime") or 0
-        if placed and not pid and info.get("State") != "DEAD":
+        dead = info.get("State") == "DEAD"
+        if placed and not dead and not (pid and node):
             raise ActorsNotPlaced(
                 f"actor {info.get('Name')!r} is {info.get('State')} and has no process yet"
             )
-        if pid and node and started:
-            found.append(ActorProcess(str(node), int(pid), started / 1000.0 + STARTED_SLACK_S))
+        if pid and node:
+            found.append(ActorProcess(str(node), int(pid), _started_by(info, dead)))
     return found
+
+
+def _started_by(info: Mapping[str, Any], dead: bool) -> float | None:
+    """By when (``time.time()``) the process of the actor of table entry ``info`` had
+    started: by the actor's start (Ray sets it once the actor is created), else by its
+    death (a process given to an actor that died while it was being created); None (any
+    process with its pid is taken for it) where the table says neither."""
+    started = info.get("StartTime") or 0
+    if started:
+        return started / 1000.0 + STARTED_SLACK_S
+    ended = (info.get("EndTime") or 0) or (info.get("Timestamp") or 0) if dead else 0
+    return ended / 1000.0 + STARTED_SLACK_S if ended else None
 
 
 def wait_named_exited(

@@ -1195,6 +1195,8 @@ class JobMaster:
                 settings.job_id, key[0], key[1], f"g{self.generation}-{self._incarnations}"
             ),
             max_concurrency=subtask_max_concurrency(channels, settings.send_window),
+            # never detached, whatever the driver's default: it goes with its job master
+            lifetime="non_detached",
             **{**settings.subtask_options, **self.placement.actor_options(key, in_group)},
         ).remote(deployment)
 

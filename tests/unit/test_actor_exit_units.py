@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
 import time
 from types import SimpleNamespace
 
@@ -337,3 +338,32 @@ def test_a_survivor_seen_to_exit_on_a_later_look_is_forgotten(no_ray, monkeypatc
     monkeypatch.setattr(job_master, "forget_processes", lambda job, ps: forgotten.extend(ps))
     assert asyncio.run(master._survivors_gone()) is True
     assert forgotten == [process]
+
+
+@pytest.mark.parametrize("state_name", ["PENDING_CREATION", "DEAD"])
+def test_a_process_given_to_an_actor_not_yet_created_is_waited_for(no_ray, monkeypatch, state_name):
+    """Ray sets an actor's pid once a worker is given to it, its start time only once it
+    is created. Schedule: the job master dies while a subtask's worker unpickles its
+    arguments; the table lists it DEAD (or still PENDING_CREATION) with that pid and no
+    start time. Before: an entry without a start time was skipped, its process taken as
+    exited while it ran."""
+    from ray._private import state
+
+    sleeper = subprocess.Popen(["sleep", "30"])
+    try:
+        entry = {
+            "Name": "rayflow:j1:v1:s0:g0-0",
+            "State": state_name,
+            "Pid": sleeper.pid,
+            "Address": {"NodeID": HERE},
+            "StartTime": 0,
+            "EndTime": int(time.time() * 1000) if state_name == "DEAD" else 0,
+            "Timestamp": int(time.time() * 1000),
+        }
+        monkeypatch.setattr(state, "actors", lambda: {"a": entry})
+        monkeypatch.setattr(actor_exit, "_client_mode", lambda: False)
+        assert actor_exit.wait_named_exited("rayflow:j1:", 0.3) is False
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert actor_exit.wait_named_exited("rayflow:j1:", 0.3) is True

@@ -144,7 +144,16 @@ def test_set_placement_is_checked():
 
 @pytest.mark.parametrize(
     "option",
-    ["max_restarts", "max_task_retries", "lifetime", "name", "namespace", "get_if_exists"],
+    [
+        "max_restarts",
+        "max_task_retries",
+        "lifetime",
+        "name",
+        "namespace",
+        "get_if_exists",
+        "max_concurrency",
+        "concurrency_groups",
+    ],
 )
 def test_options_that_decide_a_subtasks_life_are_refused_by_name(option):
     """A Ray-restarted subtask (``max_restarts``) or a detached one would start a process
@@ -152,3 +161,27 @@ def test_options_that_decide_a_subtasks_life_are_refused_by_name(option):
     env = StreamExecutionEnvironment.get_execution_environment()
     with pytest.raises(ValueError, match=f"set_subtask_options: '{option}' is rayflow's own"):
         env.set_subtask_options(**{option: 1})
+
+
+def test_a_subtask_is_never_detached_whatever_the_drivers_default(monkeypatch):
+    """A driver started with ``JobConfig(default_actor_lifetime="detached")`` made every
+    subtask detached: alive after its job master and driver were gone, holding the job
+    name for ever. Its options say ``non_detached``."""
+    from types import SimpleNamespace
+
+    from rayflow.runtime import job_master
+
+    given: dict = {}
+
+    class _Actor:
+        def options(self, **options):
+            given.update(options)
+            return SimpleNamespace(remote=lambda deployment: None)
+
+    monkeypatch.setattr(job_master, "SubtaskActor", _Actor())
+    master = object.__new__(job_master.JobMaster.__ray_metadata__.modified_class)
+    master._incarnations, master.generation = 0, 0
+    master.settings = SimpleNamespace(job_id="0123456789ab", send_window=8, subtask_options={})
+    master.placement = SimpleNamespace(actor_options=lambda key, in_group: {})
+    master._new_actor((1, 0), SimpleNamespace(num_input_channels=1))
+    assert given["lifetime"] == "non_detached"
