@@ -339,6 +339,7 @@ def processes_named(prefix: str, placed: bool = False) -> list[ActorProcess]:
 
     for attempt in range(_TABLE_TRIES):
         try:
+            read_at = time.time()
             table = state.actors()
             break
         except Exception as exc:  # noqa: BLE001 - said in the error, after a few tries
@@ -361,20 +362,20 @@ def processes_named(prefix: str, placed: bool = False) -> list[ActorProcess]:
                 f"actor {info.get('Name')!r} is {info.get('State')} and has no process yet"
             )
         if pid and node:
-            found.append(ActorProcess(str(node), int(pid), _started_by(info, dead)))
+            found.append(ActorProcess(str(node), int(pid), _started_by(info, dead, read_at)))
     return found
 
 
-def _started_by(info: Mapping[str, Any], dead: bool) -> float | None:
-    """By when (``time.time()``) the process of the actor of table entry ``info`` had
-    started: by the actor's start (Ray sets it once the actor is created), else by its
-    death (a process given to an actor that died while it was being created); None (any
-    process with its pid is taken for it) where the table says neither."""
+def _started_by(info: Mapping[str, Any], dead: bool, read_at: float) -> float:
+    """By when (``time.time()``) the process of the actor of table entry ``info`` (read
+    at ``read_at``) had started: by the actor's start (Ray sets it once the actor is
+    created), else by its death (a process given to an actor that died while it was
+    being created), else by the read (Ray lists a pid once it gave the actor a worker)."""
     started = info.get("StartTime") or 0
     if started:
         return started / 1000.0 + STARTED_SLACK_S
     ended = (info.get("EndTime") or 0) or (info.get("Timestamp") or 0) if dead else 0
-    return ended / 1000.0 + STARTED_SLACK_S if ended else None
+    return min(ended / 1000.0 if ended else read_at, read_at) + STARTED_SLACK_S
 
 
 def wait_named_exited(

@@ -367,3 +367,41 @@ def test_a_process_given_to_an_actor_not_yet_created_is_waited_for(no_ray, monke
         sleeper.kill()
         sleeper.wait()
     assert actor_exit.wait_named_exited("rayflow:j1:", 0.3) is True
+
+
+def test_a_listed_pid_without_a_start_is_bounded_by_the_read(no_ray, monkeypatch):
+    """An entry Ray left not dead with a pid and no start time (a GCS restarted with its
+    state kept does not finish such entries): a process that started with that pid after
+    the table was read is another, not the actor's. Before: any process with the pid
+    held the name for as long as it lived."""
+    from ray._private import state
+
+    entry = {
+        "Name": "rayflow:j1:v1:s0:g0-0",
+        "State": "PENDING_CREATION",
+        "Pid": 0,
+        "Address": {"NodeID": HERE},
+        "StartTime": 0,
+    }
+    monkeypatch.setattr(state, "actors", lambda: {"a": entry})
+    later = subprocess.Popen(["sleep", "30"])
+    try:
+        entry["Pid"] = later.pid
+        (process,) = actor_exit.processes_named("rayflow:j1:", placed=True)
+        assert process.started_by is not None
+        assert process.started_by <= time.time() + actor_exit.STARTED_SLACK_S + 1
+    finally:
+        later.kill()
+        later.wait()
+
+
+def test_the_job_master_and_subtasks_are_never_restarted_by_ray():
+    """A Ray-restarted actor keeps its first start time in Ray's table, so its new
+    process would look like another process with the same pid: the look for a gone run's
+    processes relies on them never being restarted."""
+    from rayflow.runtime.job_master import JobMaster
+    from rayflow.runtime.subtask_actor import SubtaskActor
+
+    for actor in (JobMaster, SubtaskActor):
+        assert actor._default_options["max_restarts"] == 0
+        assert actor._default_options["max_task_retries"] == 0
