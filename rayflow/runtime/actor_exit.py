@@ -417,7 +417,8 @@ def _together(found: list[ActorProcess], also: Sequence[ActorProcess]) -> list[A
     """``found`` and ``also``, each kept: one process may be in both, told apart there by
     different means (Ray's start time against a record's start ticks), and each must say
     it has exited."""
-    return found + [p for p in also if p not in found]
+    listed = set(found)
+    return found + [p for p in also if p not in listed]
 
 
 def _client_mode() -> bool:

@@ -127,9 +127,11 @@ def wait_recorded_exited(
         left = max(_MIN_ROUND_S, deadline - time.monotonic())
         if not wait(f"rayflow:{job_id}:", left, recorded, **options):
             return None
-        waited += [p for p in recorded if p not in waited]
+        seen = set(waited)
+        waited += [p for p in recorded if p not in seen]
+        seen.update(recorded)
         recorded = recorded_processes(job_id)
-        if all(p in waited for p in recorded):
+        if seen.issuperset(recorded):
             return waited
     return None
 
