@@ -153,7 +153,6 @@ def _recorded_end(settings: Any) -> JobState | None:
 _WAITS = {"waits": 32, "cancels": 4}
 
 
-@ray.remote(num_cpus=0, max_restarts=-1, max_concurrency=16, concurrency_groups=_WAITS)
 class JobHost:
     """Runs one detached job and keeps its outcome until it is removed.
 
@@ -482,6 +481,14 @@ class JobHost:
         return self._ended.is_set()
 
 
+#: A detached job's host as Ray's actor class. ``JobHost`` itself stays a plain class of this
+#: module, under its own name: Ray pickles it by reference (a name to import), and a process
+#: that unpickles it (making a handle) never writes copies over its methods.
+RemoteJobHost = ray.remote(
+    num_cpus=0, max_restarts=-1, max_concurrency=16, concurrency_groups=_WAITS
+)(JobHost)
+
+
 def _ask(method: Any, *args: Any, timeout_s: float) -> Any:
     """``method.remote(*args)``'s answer within ``timeout_s``; a host that Ray is
     restarting (its process died) is asked again until it answers."""
@@ -629,7 +636,7 @@ def submit(
     replaced: dict[str, Any] | None = None
     for _ in range(50):
         try:
-            host = JobHost.options(
+            host = RemoteJobHost.options(
                 name=name, namespace=NAMESPACE, lifetime="detached", **_on_the_head_node()
             ).remote(graph, settings, restore_from, plan, allow_non_restored_state, submitted_at)
             break

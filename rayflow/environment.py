@@ -46,7 +46,7 @@ from rayflow.runtime.actor_exit import ActorTableUnavailable, wait_named_exited
 from rayflow.runtime.channels import DEFAULT_BUFFER_TIMEOUT_MS
 from rayflow.runtime.debloat import MIN_TARGET_MS
 from rayflow.runtime.hook_env import mark_hooked_raylet
-from rayflow.runtime.job_master import JobMaster, _unwrap
+from rayflow.runtime.job_master import RemoteJobMaster, _unwrap
 from rayflow.runtime.job_processes import forget_processes, wait_recorded_exited
 from rayflow.runtime.latency import DEFAULT_LATENCY_TRACKING_INTERVAL_MS, LatencyTracker
 from rayflow.runtime.output import OutputChunk, OutputReader
@@ -326,7 +326,7 @@ class JobClient:
         options: dict[str, Any] = {}
         if self._actor_env is not None:
             options["runtime_env"] = self._actor_env  # its subtasks inherit it
-        self._master = JobMaster.options(
+        self._master = RemoteJobMaster.options(
             name=f"rayflow:{self.job_id}:master:{generation}",
             max_concurrency=1000,
             # never detached, whatever the driver's default: it goes with its owner

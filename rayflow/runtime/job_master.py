@@ -61,7 +61,7 @@ from rayflow.runtime.run_holds import hold_sinks, release_holds
 from rayflow.runtime.run_lock import release_run_lock_of
 from rayflow.runtime.settings import JobSettings
 from rayflow.runtime.subtask import SubtaskDeployment
-from rayflow.runtime.subtask_actor import SubtaskActor
+from rayflow.runtime.subtask_actor import RemoteSubtaskActor
 from rayflow.runtime.supervisor import RestartSupervisor, SupervisorState
 from rayflow.sink import TwoPhaseCommittingSink
 from rayflow.status import FailureKind, JobState
@@ -190,7 +190,6 @@ def _rss_bytes() -> int | None:
         return None
 
 
-@ray.remote(max_restarts=0, max_task_retries=0)
 class JobMaster:
     def __init__(self, graph: JobGraph, settings: JobSettings) -> None:
         # before anything of it can write: whoever looks for the job's processes once
@@ -1190,7 +1189,7 @@ class JobMaster:
         self._incarnations += 1
         settings = self.settings
         channels = deployment.num_input_channels
-        return SubtaskActor.options(
+        return RemoteSubtaskActor.options(
             name=subtask_actor_name(
                 settings.job_id, key[0], key[1], f"g{self.generation}-{self._incarnations}"
             ),
@@ -1199,6 +1198,12 @@ class JobMaster:
             lifetime="non_detached",
             **{**settings.subtask_options, **self.placement.actor_options(key, in_group)},
         ).remote(deployment)
+
+
+#: The job master as Ray's actor class. ``JobMaster`` itself stays a plain class of this module,
+#: under its own name: Ray pickles it by reference (a name to import), and a process that
+#: unpickles it (making a handle) never writes copies over its methods.
+RemoteJobMaster = ray.remote(max_restarts=0, max_task_retries=0)(JobMaster)
 
 
 def _into_object_store(checkpoint: CompletedCheckpoint) -> None:

@@ -121,12 +121,17 @@ class _Record:
         )
 
 
-@ray.remote(num_cpus=0, max_restarts=0)
 class _LockHost:
     """Nothing but a name tied to its owner's life."""
 
     def ready(self) -> bool:
         return True
+
+
+#: The lock host as Ray's actor class. ``_LockHost`` itself stays a plain class of this module,
+#: under its own name: Ray pickles it by reference (a name to import), and a process that
+#: unpickles it (making a handle) never writes copies over its methods.
+_RemoteLockHost = ray.remote(num_cpus=0, max_restarts=0)(_LockHost)
 
 
 _host_guard = threading.Lock()
@@ -157,7 +162,9 @@ def _host_name() -> str:
         name = f"rayflow-lock-host:{uuid.uuid4().hex}"
         # non-detached whatever the driver's default lifetime: the host (and so the
         # lock) goes with the process that took it
-        handle = _LockHost.options(name=name, namespace=NAMESPACE, lifetime="non_detached").remote()
+        handle = _RemoteLockHost.options(
+            name=name, namespace=NAMESPACE, lifetime="non_detached"
+        ).remote()
         _kept.append(handle)
         # registered before any record names it (Ray client mode creates actors
         # asynchronously: the lookup waits for the name)

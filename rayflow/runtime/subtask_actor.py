@@ -28,10 +28,9 @@ from rayflow.runtime.job_processes import record_this_process
 from rayflow.runtime.output import OutputAck, OutputChunk
 from rayflow.runtime.subtask import CONTROL_GROUP, Subtask, SubtaskDeployment
 
-__all__ = ["SubtaskActor"]
+__all__ = ["RemoteSubtaskActor", "SubtaskActor"]
 
 
-@ray.remote(max_restarts=0, max_task_retries=0, concurrency_groups={CONTROL_GROUP: 64})
 class SubtaskActor:
     """The remote surface of one subtask (see the module's docstring); each method
     hands the call to the :class:`Subtask` it holds. Never restarted by Ray, its calls
@@ -155,3 +154,11 @@ class SubtaskActor:
     @ray.method(concurrency_group=CONTROL_GROUP)
     async def close_for_cancel(self, attempt: int, latest_completed: int | None) -> bool:
         return await self._subtask.close_for_cancel(attempt, latest_completed)
+
+
+#: A subtask as Ray's actor class. ``SubtaskActor`` itself stays a plain class of this module,
+#: under its own name: Ray pickles it by reference (a name to import), and a process that
+#: unpickles it (making a handle) never writes copies over its methods.
+RemoteSubtaskActor = ray.remote(
+    max_restarts=0, max_task_retries=0, concurrency_groups={CONTROL_GROUP: 64}
+)(SubtaskActor)

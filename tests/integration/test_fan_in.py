@@ -24,7 +24,7 @@ from rayflow.config import CheckpointingMode
 from rayflow.runtime.events import CheckpointBarrier
 from rayflow.runtime.job_master import subtask_max_concurrency
 from rayflow.runtime.subtask import SubtaskDeployment
-from rayflow.runtime.subtask_actor import SubtaskActor
+from rayflow.runtime.subtask_actor import RemoteSubtaskActor
 
 CHANNELS = 130
 CAPACITY = 1
@@ -114,7 +114,7 @@ def test_aligned_checkpoint_completes_at_fan_in_130_with_capacity_1(tmp_path):
         run_id=RUN_ID,
     )
     max_concurrency = subtask_max_concurrency(CHANNELS, SEND_WINDOW)
-    actor = SubtaskActor.options(max_concurrency=max_concurrency).remote(deployment)
+    actor = RemoteSubtaskActor.options(max_concurrency=max_concurrency).remote(deployment)
     try:
         assert ray.get(actor.ready.remote(), timeout=60)
         run_ref = actor.run.remote()

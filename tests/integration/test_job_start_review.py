@@ -47,7 +47,7 @@ def fresh_host(monkeypatch):
 
 def test_a_lock_whose_host_dies_while_starting_still_refuses_a_second_run(monkeypatch, fresh_host):
     job = _job_name("dies-starting")
-    monkeypatch.setattr(run_lock, "_LockHost", _DiesWhileStarting)
+    monkeypatch.setattr(run_lock, "_RemoteLockHost", _DiesWhileStarting)
     first = acquire_run_lock(job, "run-first")  # returns before its host's process ran
     time.sleep(2)  # its process is gone by now
     try:

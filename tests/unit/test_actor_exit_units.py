@@ -97,7 +97,7 @@ def test_a_probe_that_cannot_run_on_a_node_that_is_gone_proves_the_process_gone(
 def _master(**attributes):
     from rayflow.runtime import job_master
 
-    master = object.__new__(job_master.JobMaster.__ray_metadata__.modified_class)
+    master = object.__new__(job_master.JobMaster)
     master.settings = SimpleNamespace(job_name="j", hooks=None, checkpointing=True)
     master._survivors, master._processes, master._spare, master.actors = [], {}, {}, {}
     master.clean_up_failure = None
@@ -399,9 +399,9 @@ def test_the_job_master_and_subtasks_are_never_restarted_by_ray():
     """A Ray-restarted actor keeps its first start time in Ray's table, so its new
     process would look like another process with the same pid: the look for a gone run's
     processes relies on them never being restarted."""
-    from rayflow.runtime.job_master import JobMaster
-    from rayflow.runtime.subtask_actor import SubtaskActor
+    from rayflow.runtime.job_master import RemoteJobMaster
+    from rayflow.runtime.subtask_actor import RemoteSubtaskActor
 
-    for actor in (JobMaster, SubtaskActor):
+    for actor in (RemoteJobMaster, RemoteSubtaskActor):
         assert actor._default_options["max_restarts"] == 0
         assert actor._default_options["max_task_retries"] == 0

@@ -17,7 +17,7 @@ from rayflow.status import JobState
 
 pytestmark = pytest.mark.timeout(60)
 
-Host = detached.JobHost.__ray_metadata__.modified_class
+Host = detached.JobHost
 
 
 def _host() -> Host:

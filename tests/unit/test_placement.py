@@ -178,8 +178,8 @@ def test_a_subtask_is_never_detached_whatever_the_drivers_default(monkeypatch):
             given.update(options)
             return SimpleNamespace(remote=lambda deployment: None)
 
-    monkeypatch.setattr(job_master, "SubtaskActor", _Actor())
-    master = object.__new__(job_master.JobMaster.__ray_metadata__.modified_class)
+    monkeypatch.setattr(job_master, "RemoteSubtaskActor", _Actor())
+    master = object.__new__(job_master.JobMaster)
     master._incarnations, master.generation = 0, 0
     master.settings = SimpleNamespace(job_id="0123456789ab", send_window=8, subtask_options={})
     master.placement = SimpleNamespace(actor_options=lambda key, in_group: {})

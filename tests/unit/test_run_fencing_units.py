@@ -1079,7 +1079,7 @@ def test_no_attempt_starts_beside_a_killed_subtask_whose_process_still_runs(monk
         raise ActorsStillAlive("1 killed subtask actor(s) still run", list(actors))
 
     monkeypatch.setattr(job_master, "kill_and_wait", never_gone)
-    master = object.__new__(job_master.JobMaster.__ray_metadata__.modified_class)
+    master = object.__new__(job_master.JobMaster)
     master.supervisor = _supervisor(RestartStrategies.fixed_delay_restart(5, 10))
     master.settings = SimpleNamespace(job_name="j", hooks=None, failure_classifier=None)
     master.ray_metrics = SimpleNamespace(restarts=lambda n: None)
@@ -1208,7 +1208,7 @@ def test_a_job_master_ending_with_survivors_does_not_release_the_job_name(monkey
         master.supervisor.move_to(JobState.FAILED)
         raise RuntimeError("killed subtask actor(s) still run")
 
-    master = object.__new__(job_master.JobMaster.__ray_metadata__.modified_class)
+    master = object.__new__(job_master.JobMaster)
     master._release_job_name = release
     master.supervisor = _supervisor(RestartStrategies.no_restart())
     master.settings = SimpleNamespace(job_name="j", run_id="run-x")

@@ -7,10 +7,10 @@ import inspect
 import ray.cloudpickle as cloudpickle
 
 from rayflow.runtime.subtask import CONTROL_GROUP, Subtask
-from rayflow.runtime.subtask_actor import SubtaskActor
+from rayflow.runtime.subtask_actor import RemoteSubtaskActor, SubtaskActor
 
 #: the class the actor is made of
-Endpoint = SubtaskActor.__ray_metadata__.modified_class.__ray_actor_class__
+Endpoint = SubtaskActor
 
 #: the calls other actors make on a subtask
 REMOTE_CALLS = {
@@ -73,7 +73,7 @@ def test_control_calls_run_in_the_control_group_and_data_calls_do_not():
 def test_the_class_ray_exports_takes_the_subtask_by_reference():
     """What a job master pickles (and Ray disassembles) when it starts its first subtask:
     the endpoint's calls; the subtask's own code is imported by each worker."""
-    exported = SubtaskActor.__ray_metadata__.modified_class
+    exported = RemoteSubtaskActor.__ray_metadata__.modified_class
     payload = cloudpickle.dumps(exported)
     assert len(payload) < 40_000, len(payload)
     assert len(cloudpickle.dumps(Subtask)) < 200  # a name to import, not the class's code
