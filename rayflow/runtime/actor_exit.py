@@ -4,14 +4,16 @@ Ray answers calls to a killed actor with ``RayActorError`` as soon as its contro
 marks the actor dead, which is before the actor's process has exited: a thread of it can
 still run (and write to the outside world) for milliseconds after, longer on a loaded
 machine. So an actor counts as gone only once its process is seen to have exited: on this
-node by its pid, on another node by a task pinned to that node (a node that is gone took
-the process with it). Where each actor runs (node and pid) is what the caller learnt
-earlier (a job master asks every actor it deploys) or, else, asked right before the kill;
-one that cannot say (dead already, or no such method) is taken as gone once Ray says so.
-The processes of a lost job master's actors, which nobody can ask any more, come from
-Ray's actor table (:func:`processes_named`); a table that cannot be read raises rather
-than saying none run, and a Ray Client driver, which cannot read it and is no node of
-the cluster, waits for them in a task on the cluster (:func:`wait_named_exited`).
+node by its pid (from a worker, or a driver that started the node's raylet; any other
+driver may see other processes by those pids), else by a task pinned to the actor's node
+(a node that is gone took the process with it). Where each actor runs (node and pid) is
+what the caller learnt earlier (a job master asks every actor it deploys) or, else, asked
+right before the kill; one that cannot say (dead already, or no such method) is taken as
+gone once Ray says so. The processes of a lost job master's actors, which nobody can ask
+any more, come from Ray's actor table (:func:`processes_named`); a table that cannot be
+read raises rather than saying none run, and a Ray Client driver, which cannot read it
+and is no node of the cluster, waits for them in a task on the cluster
+(:func:`wait_named_exited`).
 """
 
 from __future__ import annotations
@@ -139,6 +141,8 @@ async def process_of(actor: Any, timeout_s: float | None = None) -> ActorProcess
 
 
 _PROC = os.path.isdir("/proc/self/task")
+#: Ray's name of a node's raylet among the processes a driver started
+_RAYLET = "raylet"
 
 
 def _boot_time() -> float:
@@ -219,10 +223,25 @@ def _node_alive(node_id: str) -> bool:
     return any(node.get("NodeID") == node_id and node.get("Alive") for node in ray.nodes())
 
 
+def _sees_worker_pids() -> bool:
+    """Whether this process sees the worker processes of its own node by their pids: a
+    worker does (its raylet starts every worker, in the raylet's PID namespace), as does
+    a driver that started its node's raylet. A driver that joined a running node may run
+    in a PID namespace of its own (a container beside the raylet's, sharing its network):
+    there a worker's pid names another process, or none, so it asks a task on the node."""
+    try:
+        if ray._private.worker.global_worker.mode == ray.WORKER_MODE:
+            return True
+        node = ray._private.worker._global_node
+        return node is not None and bool(node.all_processes.get(_RAYLET))
+    except Exception:  # noqa: BLE001 - another Ray: not known, so ask the node
+        return False
+
+
 async def _exited(node_id: str, pids: list[_Pid], deadline: float) -> bool:
     """Whether the processes ``pids`` of node ``node_id`` have all exited by
     ``deadline``."""
-    if node_id == ray.get_runtime_context().get_node_id():
+    if node_id == ray.get_runtime_context().get_node_id() and _sees_worker_pids():
         for pid in pids:
             if not await _gone_here(pid, deadline):
                 return False

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import subprocess
+import sys
 import time
 from types import SimpleNamespace
 
@@ -43,6 +44,7 @@ def no_ray(monkeypatch):
     context = SimpleNamespace(get_node_id=lambda: HERE)
     monkeypatch.setattr(actor_exit.ray, "get_runtime_context", lambda: context)
     monkeypatch.setattr(actor_exit, "_WHEREABOUTS_TIMEOUT_S", 0.05)
+    monkeypatch.setattr(actor_exit, "_sees_worker_pids", lambda: True)
 
 
 def test_running_tells_a_live_process_from_one_that_is_gone():
@@ -405,3 +407,43 @@ def test_the_job_master_and_subtasks_are_never_restarted_by_ray():
     for actor in (RemoteJobMaster, RemoteSubtaskActor):
         assert actor._default_options["max_restarts"] == 0
         assert actor._default_options["max_task_retries"] == 0
+
+
+def test_a_driver_that_joined_its_node_asks_the_node_about_processes_there(no_ray, monkeypatch):
+    """Schedule: a driver in a container of its own beside the raylet's (same network, so
+    the same node; its own PID namespace) looks for a gone run's processes on its node.
+    Its /proc has no such pids: before, it took those processes for exited and started
+    the next run beside them. Now a task on the node looks (here: they still run)."""
+    node = "ab" * 28  # this process's node
+    context = SimpleNamespace(get_node_id=lambda: node)
+    monkeypatch.setattr(actor_exit.ray, "get_runtime_context", lambda: context)
+    monkeypatch.setattr(actor_exit, "_sees_worker_pids", lambda: False)
+    asked: list[tuple[str, list]] = []
+
+    class _Still:
+        def __await__(self):
+            yield from asyncio.sleep(0).__await__()
+            return False
+
+    def options(scheduling_strategy):
+        def remote(pids, left):
+            asked.append((scheduling_strategy.node_id, list(pids)))
+            return _Still()
+
+        return SimpleNamespace(remote=remote)
+
+    monkeypatch.setattr(actor_exit, "_gone_there", SimpleNamespace(options=options))
+    gone = (2**22 + 12345, None, None)  # no such pid in this process's /proc
+    deadline = time.monotonic() + 1.0
+    assert asyncio.run(actor_exit._exited(node, [gone], deadline)) is False
+    assert asked == [(node, [gone])]
+
+
+def test_a_process_that_is_neither_a_worker_nor_started_a_raylet_asks_the_node():
+    code = (
+        "from rayflow.runtime import actor_exit\n"
+        "assert actor_exit._sees_worker_pids() is False\n"
+        "print('ok')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "ok", done.stderr
