@@ -56,6 +56,9 @@ KILL_TIMEOUT_S = 30.0
 #: How long, by default, a task that waits for processes on behalf of a Ray Client
 #: driver may take to start on the cluster (a worker process may have to start).
 TASK_START_S = 120.0
+#: How long, by default, a task that looks at processes on their node may take to start
+#: (a worker process may have to start there, with the job's runtime environment).
+PROBE_START_S = 30.0
 #: How long an actor may take to say where it runs before it is killed.
 _WHEREABOUTS_TIMEOUT_S = 1.0
 #: How often the exit of a process on this node is looked for.
@@ -89,12 +92,15 @@ class ActorProcess:
     with that pid started later is another one (the pid was used again). ``start_ticks``:
     when known, the process's start as its node's kernel counts it (clock ticks since
     boot): a process with that pid and another start is another one, whatever the
-    clocks say."""
+    clocks say. ``pid_ns``: when known, the PID namespace the pid is in (the inode of
+    ``/proc/self/ns/pid`` of the process): only a process of that namespace can look at
+    it by its pid."""
 
     node_id: str
     pid: int
     started_by: float | None = None
     start_ticks: int | None = None
+    pid_ns: int | None = None
 
 
 def _start_ticks(pid: int) -> int | None:
@@ -104,6 +110,14 @@ def _start_ticks(pid: int) -> int | None:
         with open(f"/proc/{pid}/stat") as stat:
             return int(stat.read().rsplit(")", 1)[1].split()[19])
     except (OSError, IndexError, ValueError):
+        return None
+
+
+def _pid_namespace() -> int | None:
+    """This process's PID namespace (None where it cannot be told)."""
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
         return None
 
 
@@ -121,6 +135,7 @@ def this_process() -> ActorProcess:
             pid,
             float(int(time.time()) + 1),  # it started before now
             _start_ticks(pid) if _PROC else None,
+            _PID_NS,
         )
     return _this
 
@@ -141,6 +156,7 @@ async def process_of(actor: Any, timeout_s: float | None = None) -> ActorProcess
 
 
 _PROC = os.path.isdir("/proc/self/task")
+_PID_NS = _pid_namespace() if _PROC else None
 #: Ray's name of a node's raylet among the processes a driver started
 _RAYLET = "raylet"
 
@@ -160,11 +176,19 @@ _BOOT_TIME = _boot_time() if _PROC else 0.0
 _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
-def _running(pid: int, started_by: float | None = None, start_ticks: int | None = None) -> bool:
+def _running(
+    pid: int,
+    started_by: float | None = None,
+    start_ticks: int | None = None,
+    pid_ns: int | None = None,
+) -> bool:
     """Whether any thread of process ``pid`` of this node still runs (a killed process's
     main thread can show as exited while its other threads still run), the process
     having started at ``start_ticks`` (clock ticks since boot), else by ``started_by``
-    (``time.time()``), when that is given."""
+    (``time.time()``), when that is given. A pid of another PID namespace than this
+    process's (``pid_ns``) cannot be looked at from here: it counts as running."""
+    if pid_ns is not None and pid_ns != _PID_NS:
+        return True
     if not _PROC:  # no /proc here: ask the kernel
         try:
             os.kill(pid, 0)
@@ -197,8 +221,9 @@ def _running(pid: int, started_by: float | None = None, start_ticks: int | None 
     return False
 
 
-#: a process to look for on its node: pid, started by, start ticks (see ActorProcess)
-_Pid = tuple[int, float | None, int | None]
+#: a process to look for on its node: pid, started by, start ticks, PID namespace (see
+#: ActorProcess)
+_Pid = tuple[int, float | None, int | None, int | None]
 
 
 async def _gone_here(pid: _Pid, deadline: float) -> bool:
@@ -238,10 +263,23 @@ def _sees_worker_pids() -> bool:
         return False
 
 
-async def _exited(node_id: str, pids: list[_Pid], deadline: float) -> bool:
+def _sees(pids: list[_Pid]) -> bool:
+    """Whether this process can look at ``pids`` of its own node by their pids: those
+    whose PID namespace is known are all in this process's, and at least one is (they
+    say which namespace this node's workers are in), or, where none is known, this
+    process sees the node's workers (:func:`_sees_worker_pids`)."""
+    known = {pid[3] for pid in pids if pid[3] is not None}
+    if known:
+        return known == {_PID_NS}
+    return _sees_worker_pids()
+
+
+async def _exited(
+    node_id: str, pids: list[_Pid], deadline: float, start_s: float = PROBE_START_S
+) -> bool:
     """Whether the processes ``pids`` of node ``node_id`` have all exited by
-    ``deadline``."""
-    if node_id == ray.get_runtime_context().get_node_id() and _sees_worker_pids():
+    ``deadline`` (a task that looks at them there may take ``start_s`` more to start)."""
+    if node_id == ray.get_runtime_context().get_node_id() and _sees(pids):
         for pid in pids:
             if not await _gone_here(pid, deadline):
                 return False
@@ -255,7 +293,7 @@ async def _exited(node_id: str, pids: list[_Pid], deadline: float) -> bool:
             return False
         probe = _gone_there.options(scheduling_strategy=pinned).remote(pids, left)
         try:
-            return await asyncio.wait_for(probe, timeout=left + 5.0)
+            return await asyncio.wait_for(probe, timeout=left + start_s)
         except asyncio.TimeoutError:
             ray.cancel(probe, force=True)
             return False
@@ -327,15 +365,18 @@ async def kill_and_wait(
         )
 
 
-async def _exited_by_node(processes: list[ActorProcess], deadline: float) -> dict[str, bool]:
-    """Per node of ``processes``: whether all of them there have exited by ``deadline``."""
+async def _exited_by_node(
+    processes: list[ActorProcess], deadline: float, start_s: float = PROBE_START_S
+) -> dict[str, bool]:
+    """Per node of ``processes``: whether all of them there have exited by ``deadline``
+    (a task that looks at them on their node may take ``start_s`` more to start)."""
     by_node: dict[str, list[_Pid]] = {}
     for process in processes:
         by_node.setdefault(process.node_id, []).append(
-            (process.pid, process.started_by, process.start_ticks)
+            (process.pid, process.started_by, process.start_ticks, process.pid_ns)
         )
     nodes = list(by_node)
-    answers = await asyncio.gather(*(_exited(n, by_node[n], deadline) for n in nodes))
+    answers = await asyncio.gather(*(_exited(n, by_node[n], deadline, start_s) for n in nodes))
     return dict(zip(nodes, answers))
 
 
@@ -406,20 +447,22 @@ def wait_named_exited(
     """``wait_exited(processes_named(prefix) + also, timeout_s)``, on the cluster: a Ray
     Client driver (``ray://``) runs it in a task there (its own machine is no node of the
     cluster, and cannot read Ray's actor table), given ``task_start_s`` more to start
-    (raises ``GetTimeoutError`` past that: not known). ``also``: processes of those
-    actors known otherwise (Ray's table may have dropped the entries of long-dead
-    actors)."""
+    (raises ``GetTimeoutError`` past that: not known); a task that looks at processes on
+    their node gets as long to start. ``also``: processes of those actors known otherwise
+    (Ray's table may have dropped the entries of long-dead actors)."""
     if _client_mode():
         task = _wait_named_there.options(num_cpus=0, max_retries=0)
-        ref = task.remote(prefix, timeout_s, list(also))
+        ref = task.remote(prefix, timeout_s, list(also), task_start_s)
         return bool(ray.get(ref, timeout=timeout_s + task_start_s))
-    return _wait_named(prefix, timeout_s, also)
+    return _wait_named(prefix, timeout_s, also, task_start_s)
 
 
-def _wait_named(prefix: str, timeout_s: float, also: Sequence[ActorProcess]) -> bool:
+def _wait_named(
+    prefix: str, timeout_s: float, also: Sequence[ActorProcess], start_s: float = PROBE_START_S
+) -> bool:
     """:func:`wait_named_exited` on a node of the cluster: an actor of the name not yet
     placed (no process yet, not dead) is waited for until it is dead or has a process,
-    else it counts as running."""
+    else it counts as running (``start_s``: as :func:`wait_exited`)."""
     deadline = time.monotonic() + timeout_s
     while True:
         try:
@@ -429,7 +472,7 @@ def _wait_named(prefix: str, timeout_s: float, also: Sequence[ActorProcess]) -> 
             if time.monotonic() >= deadline:
                 return False
             time.sleep(_UNPLACED_POLL_S)
-    return wait_exited(_together(found, also), max(0.0, deadline - time.monotonic()))
+    return wait_exited(_together(found, also), max(0.0, deadline - time.monotonic()), start_s)
 
 
 def _together(found: list[ActorProcess], also: Sequence[ActorProcess]) -> list[ActorProcess]:
@@ -450,19 +493,27 @@ def _client_mode() -> bool:
 
 
 @ray.remote(num_cpus=0, max_retries=0)
-def _wait_named_there(prefix: str, timeout_s: float, also: Sequence[ActorProcess] = ()) -> bool:
-    return _wait_named(prefix, timeout_s, also)
+def _wait_named_there(
+    prefix: str,
+    timeout_s: float,
+    also: Sequence[ActorProcess] = (),
+    start_s: float = PROBE_START_S,
+) -> bool:
+    return _wait_named(prefix, timeout_s, also, start_s)
 
 
-def wait_exited(processes: list[ActorProcess], timeout_s: float) -> bool:
+def wait_exited(
+    processes: list[ActorProcess], timeout_s: float, start_s: float = PROBE_START_S
+) -> bool:
     """Block (no event loop needed) until ``processes`` have exited; False when one still
-    runs after ``timeout_s``."""
+    runs after ``timeout_s`` (a task that looks at processes on their node may take
+    ``start_s`` more to start)."""
     if not processes:
         return True
     deadline = time.monotonic() + timeout_s
 
     async def every_node() -> bool:
-        return all((await _exited_by_node(processes, deadline)).values())
+        return all((await _exited_by_node(processes, deadline, start_s)).values())
 
     # in a thread of its own: the caller's thread may run an event loop (a notebook's)
     with concurrent.futures.ThreadPoolExecutor(1) as pool:

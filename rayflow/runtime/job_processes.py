@@ -9,9 +9,11 @@ bounded number of them. So every actor of a job (its job master and each subtask
 records its own process as it starts, before it can write anything
 (:func:`record_this_process`; an actor that cannot record itself fails to start). A
 record is one key, ``job-processes:<job id>:<node id>:<pid>:<start ticks>:<started
-by>``, with the process's start as its node's kernel counts it (so a later process with
-the same pid is never taken for it) and, for a node without ``/proc``, by when it had
-started (this node's clock).
+by>:<PID namespace>``, with the process's start as its node's kernel counts it (so a
+later process with the same pid is never taken for it), for a node without ``/proc`` by
+when it had started (this node's clock), and the PID namespace its pid is in (only a
+process of that namespace looks at it by its pid; a record without one is of an
+earlier version).
 
 A record is dropped once its process is known to have exited: by the job master once
 it killed that actor and saw its process exit, and by whoever looked for the processes
@@ -47,16 +49,22 @@ def _job_prefix(job_id: str) -> bytes:
 def _key(job_id: str, process: ActorProcess) -> bytes:
     ticks = "" if process.start_ticks is None else str(process.start_ticks)
     started_by = "" if process.started_by is None else str(int(process.started_by))
-    return _job_prefix(job_id) + f"{process.node_id}:{process.pid}:{ticks}:{started_by}".encode()
+    key = f"{process.node_id}:{process.pid}:{ticks}:{started_by}"
+    if process.pid_ns is not None:
+        key += f":{process.pid_ns}"
+    return _job_prefix(job_id) + key.encode()
 
 
 def _parse(prefix: bytes, key: bytes) -> ActorProcess:
-    node_id, pid, ticks, started_by = key[len(prefix) :].decode().rsplit(":", 3)
+    node_id, pid, ticks, started_by, *pid_ns = key[len(prefix) :].decode().split(":")
+    if len(pid_ns) > 1:
+        raise ValueError(f"not a record of a process: {key!r}")
     return ActorProcess(
         node_id,
         int(pid),
         float(started_by) if started_by else None,
         int(ticks) if ticks else None,
+        int(pid_ns[0]) if pid_ns and pid_ns[0] else None,
     )
 
 

@@ -248,7 +248,8 @@ def test_a_ray_client_driver_waits_for_processes_in_a_task_on_the_cluster(monkey
         actor_exit, "processes_named", lambda prefix: pytest.fail("read the table here")
     )
     assert actor_exit.wait_named_exited("rayflow:job:", 7.0)
-    assert ("remote", ("rayflow:job:", 7.0, [])) in sent
+    start_s = actor_exit.TASK_START_S  # the probes it starts there get as long
+    assert ("remote", ("rayflow:job:", 7.0, [], start_s)) in sent
     assert sent[0][1]["num_cpus"] == 0
 
 
@@ -433,7 +434,7 @@ def test_a_driver_that_joined_its_node_asks_the_node_about_processes_there(no_ra
         return SimpleNamespace(remote=remote)
 
     monkeypatch.setattr(actor_exit, "_gone_there", SimpleNamespace(options=options))
-    gone = (2**22 + 12345, None, None)  # no such pid in this process's /proc
+    gone = (2**22 + 12345, None, None, None)  # no such pid in this process's /proc
     deadline = time.monotonic() + 1.0
     assert asyncio.run(actor_exit._exited(node, [gone], deadline)) is False
     assert asked == [(node, [gone])]
@@ -447,3 +448,82 @@ def test_a_process_that_is_neither_a_worker_nor_started_a_raylet_asks_the_node()
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.stdout.strip() == "ok", done.stderr
+
+
+def _probe_answering_after(monkeypatch, delay_s: float, answer: bool) -> list:
+    asked: list = []
+
+    class _Later:
+        def __await__(self):
+            yield from asyncio.sleep(delay_s).__await__()
+            return answer
+
+    def options(scheduling_strategy):
+        def remote(pids, left):
+            asked.append(list(pids))
+            return _Later()
+
+        return SimpleNamespace(remote=remote)
+
+    monkeypatch.setattr(actor_exit, "_gone_there", SimpleNamespace(options=options))
+    monkeypatch.setattr(actor_exit.ray, "cancel", lambda ref, force=False: None)
+    return asked
+
+
+def test_a_probe_slow_to_start_gets_its_start_allowance(no_ray, monkeypatch):
+    """Review schedule: the task that looks at processes on their node needs a worker,
+    and that worker takes seconds to start (the job's runtime environment is built, the
+    node is loaded). Before: the look waited its own time and 5 s more, then took the
+    processes for still running and refused the next run. Now the wait gives the task
+    ``start_s`` to start, and the callers pass it down."""
+    node = "cd" * 28  # another node
+    asked = _probe_answering_after(monkeypatch, 0.5, True)
+    gone = ActorProcess(node, 2**22 + 12345)
+    assert actor_exit.wait_exited([gone], 0.05, start_s=2.0) is True
+    assert actor_exit.wait_exited([gone], 0.05, start_s=0.1) is False
+    assert len(asked) == 2
+    monkeypatch.setattr(actor_exit, "_client_mode", lambda: False)
+    monkeypatch.setattr(actor_exit, "processes_named", lambda prefix, placed=False: [gone])
+    assert actor_exit.wait_named_exited("rayflow:j:", 0.05, task_start_s=2.0) is True
+
+
+def test_a_driver_that_joined_its_node_looks_there_itself_when_its_records_say_it_can(
+    no_ray, monkeypatch
+):
+    """Review schedule: the usual deployment, a driver that joined a node started with
+    ``ray start`` (same PID namespace as the node's workers). The records of the actors
+    there name this process's PID namespace: it looks in its own /proc, with no task
+    that could be slow to start; the entries of Ray's table there with them."""
+    monkeypatch.setattr(actor_exit, "_sees_worker_pids", lambda: False)
+    monkeypatch.setattr(
+        actor_exit, "_gone_there", SimpleNamespace(options=lambda **kw: pytest.fail("asked"))
+    )
+    recorded = (2**22 + 12345, None, 4242, actor_exit._PID_NS)
+    listed = (2**22 + 12346, time.time(), None, None)  # from Ray's table: no namespace
+    deadline = time.monotonic() + 1.0
+    assert asyncio.run(actor_exit._exited(HERE, [recorded, listed], deadline)) is True
+
+
+def test_a_pid_of_another_pid_namespace_counts_as_running_here(no_ray, monkeypatch):
+    """Review schedule: a subtask runs in a PID namespace of its own (a runtime
+    environment whose worker command starts one). Its pid names another process, or
+    none, in the job master's /proc. Before: the job master took it for exited once
+    killed and deployed the next attempt beside it. Now such a pid cannot be looked at
+    from here: it counts as running, and the kill says so."""
+    other = (actor_exit._PID_NS or 0) + 1
+    assert actor_exit._running(2**22 + 12345, None, None, other) is True
+    assert actor_exit._sees([(2**22 + 12345, None, None, other)]) is False
+    monkeypatch.setattr(actor_exit, "KILL_TIMEOUT_S", 0.3)
+    _probe_answering_after(monkeypatch, 0.0, False)  # the node's look cannot tell either
+    node = "ab" * 28  # this process's node
+    context = SimpleNamespace(get_node_id=lambda: node)
+    monkeypatch.setattr(actor_exit.ray, "get_runtime_context", lambda: context)
+    actor = _Dead()
+    elsewhere = ActorProcess(node, 2**22 + 12345, None, 4242, other)
+    with pytest.raises(ActorsStillAlive):
+        asyncio.run(kill_and_wait([actor], known={id(actor): elsewhere}))
+
+
+def test_this_process_says_its_pid_namespace(no_ray, monkeypatch):
+    monkeypatch.setattr(actor_exit, "_this", None)
+    assert actor_exit.this_process().pid_ns == os.stat("/proc/self/ns/pid").st_ino

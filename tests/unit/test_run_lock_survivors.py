@@ -119,7 +119,9 @@ def test_a_survivor_whose_entry_rays_actor_table_dropped_is_found_by_its_record(
     monkeypatch.setattr(run_lock, "SURVIVORS_CHECK_S", 0.3)
     survivor = subprocess.Popen(["sleep", "60"])
     try:
-        record_processes("0123456789ab", [ActorProcess("node-of-this-test", survivor.pid)])
+        # recorded as an actor records itself: with its PID namespace (this process's)
+        recorded = ActorProcess("node-of-this-test", survivor.pid, pid_ns=actor_exit._PID_NS)
+        record_processes("0123456789ab", [recorded])
         with pytest.raises(ConcurrentRunError, match="run-a.*still run"):
             run_lock.acquire_run_lock("nightly", "run-b", job_id="fedcba987654")
     finally:
@@ -223,3 +225,17 @@ def test_every_round_of_the_look_gets_time_to_look_on_other_nodes(monkeypatch):
     monkeypatch.setattr(run_lock, "wait_named_exited", exited)
     run_lock.acquire_run_lock("nightly", "run-b", job_id="fedcba987654")
     assert len(given) == 2 and min(given) >= 1.0, given
+
+
+def test_a_record_keeps_the_pid_namespace_and_a_record_without_one_still_reads(monkeypatch):
+    """A record names the PID namespace of its process; a record written before it did
+    (no namespace) reads as a process of unknown namespace, and is forgotten by its own
+    key."""
+    _Store(monkeypatch)
+    with_ns = ActorProcess("ab" * 28, 101, 1700000000.0, 4242, 4026531836)
+    without = ActorProcess("ab" * 28, 102, None, 4343)
+    record_processes("0123456789ab", [with_ns, without])
+    assert sorted(recorded_processes("0123456789ab"), key=lambda p: p.pid) == [with_ns, without]
+    assert job_processes._key("0123456789ab", without).endswith(b":102:4343:")
+    job_processes.forget_processes("0123456789ab", [with_ns, without])
+    assert recorded_processes("0123456789ab") == []
