@@ -35,6 +35,7 @@ __all__ = [
     "ActorTableUnavailable",
     "ActorProcess",
     "KILL_TIMEOUT_S",
+    "PROBE_START_S",
     "STARTED_SLACK_S",
     "UNREACHABLE_IS_GONE_S",
     "kill_and_wait",
@@ -53,11 +54,9 @@ UNREACHABLE_IS_GONE_S = 10.0
 STARTED_SLACK_S = 30.0
 #: How long killed actors may take to die and their processes to exit.
 KILL_TIMEOUT_S = 30.0
-#: How long, by default, a task that waits for processes on behalf of a Ray Client
-#: driver may take to start on the cluster (a worker process may have to start).
-TASK_START_S = 120.0
 #: How long, by default, a task that looks at processes on their node may take to start
-#: (a worker process may have to start there, with the job's runtime environment).
+#: (a worker process may have to start there, with the job's runtime environment); a
+#: task that waits for processes on behalf of a Ray Client driver too.
 PROBE_START_S = 30.0
 #: How long an actor may take to say where it runs before it is killed.
 _WHEREABOUTS_TIMEOUT_S = 1.0
@@ -114,11 +113,23 @@ def _start_ticks(pid: int) -> int | None:
 
 
 def _pid_namespace() -> int | None:
-    """This process's PID namespace (None where it cannot be told)."""
+    """This process's PID namespace, as its device and inode (None where it cannot be
+    told)."""
     try:
-        return os.stat("/proc/self/ns/pid").st_ino
+        found = os.stat("/proc/self/ns/pid")
     except OSError:
         return None
+    return (found.st_dev << 32) | found.st_ino if found.st_ino < 2**32 else None
+
+
+def _proc_is_ours() -> bool:
+    """Whether ``/proc`` shows this process's PID namespace: a process in a namespace of
+    its own under a ``/proc`` mounted from another (``unshare --pid`` without a ``/proc``
+    of its own) would read other processes by its pids."""
+    try:
+        return os.path.isdir("/proc/self/task") and os.readlink("/proc/self") == str(os.getpid())
+    except OSError:
+        return False
 
 
 _this: ActorProcess | None = None
@@ -155,7 +166,8 @@ async def process_of(actor: Any, timeout_s: float | None = None) -> ActorProcess
     return ActorProcess(str(node_id), int(pid))
 
 
-_PROC = os.path.isdir("/proc/self/task")
+#: whether this process looks at processes through ``/proc`` (else it asks the kernel)
+_PROC = _proc_is_ours()
 _PID_NS = _pid_namespace() if _PROC else None
 #: Ray's name of a node's raylet among the processes a driver started
 _RAYLET = "raylet"
@@ -442,18 +454,26 @@ def wait_named_exited(
     prefix: str,
     timeout_s: float,
     also: Sequence[ActorProcess] = (),
-    task_start_s: float = TASK_START_S,
+    task_start_s: float = PROBE_START_S,
 ) -> bool:
     """``wait_exited(processes_named(prefix) + also, timeout_s)``, on the cluster: a Ray
     Client driver (``ray://``) runs it in a task there (its own machine is no node of the
-    cluster, and cannot read Ray's actor table), given ``task_start_s`` more to start
-    (raises ``GetTimeoutError`` past that: not known); a task that looks at processes on
-    their node gets as long to start. ``also``: processes of those actors known otherwise
-    (Ray's table may have dropped the entries of long-dead actors)."""
+    cluster, and cannot read Ray's actor table), given ``task_start_s`` to start, and as
+    long again for the tasks it starts to look on other nodes (raises
+    ``GetTimeoutError`` past that: not known). A task that looks at processes on their
+    node gets ``task_start_s`` to start. ``also``: processes of those actors known
+    otherwise (Ray's table may have dropped the entries of long-dead actors)."""
     if _client_mode():
         task = _wait_named_there.options(num_cpus=0, max_retries=0)
         ref = task.remote(prefix, timeout_s, list(also), task_start_s)
-        return bool(ray.get(ref, timeout=timeout_s + task_start_s))
+        try:
+            return bool(ray.get(ref, timeout=timeout_s + 2 * task_start_s))
+        except BaseException:
+            try:
+                ray.cancel(ref, force=True)  # not left looking in the background
+            except Exception:  # noqa: BLE001 - ended meanwhile, or cannot be
+                pass
+            raise
     return _wait_named(prefix, timeout_s, also, task_start_s)
 
 

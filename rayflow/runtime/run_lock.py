@@ -21,8 +21,8 @@ A record also names the run's job. A process can go while it holds its lock on p
 its run ended while processes of the run's actors were not seen to exit (the lock is kept
 for as long as they might still write), or it died. Its lock host goes with it, so a
 taker that finds a record not released whose host is gone looks for processes of that
-job's actors (for at most ``SURVIVORS_CHECK_S``) and refuses while any runs, or while
-that cannot be known.
+job's actors (for ``SURVIVORS_CHECK_S``, and ``SURVIVORS_TASK_START_S`` for a task that
+looks on a node to start) and refuses while any runs, or while that cannot be known.
 
 Taking the lock: read the highest generation; when its record is live, refuse. Else
 put generation + 1 only if absent (the store's one atomic step), then check that no
@@ -76,9 +76,10 @@ _LOOKUP_RETRY_S = 30.0
 #: how long a taker waits for processes of a run whose process went without releasing
 #: its lock (they were not seen to exit as it ended, or it died)
 SURVIVORS_CHECK_S = 5.0
-#: how long a Ray Client taker gives the task that looks for them to start (past that it
-#: refuses: whether they run is not known)
-SURVIVORS_TASK_START_S = 25.0
+#: how long a task that looks for them may take to start (past that the taker refuses:
+#: whether they run is not known): a Ray Client taker's task on the cluster, and the task
+#: that looks on each node the taker cannot look at itself
+SURVIVORS_TASK_START_S = 15.0
 
 
 @dataclass(frozen=True)

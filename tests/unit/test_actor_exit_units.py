@@ -243,13 +243,19 @@ def test_a_ray_client_driver_waits_for_processes_in_a_task_on_the_cluster(monkey
 
     monkeypatch.setattr(actor_exit, "_client_mode", lambda: True)
     monkeypatch.setattr(actor_exit, "_wait_named_there", Task())
-    monkeypatch.setattr(actor_exit.ray, "get", lambda ref, timeout=None: ref == "ref")
+    waits: list = []
+    monkeypatch.setattr(
+        actor_exit.ray, "get", lambda ref, timeout=None: waits.append(timeout) or ref == "ref"
+    )
     monkeypatch.setattr(
         actor_exit, "processes_named", lambda prefix: pytest.fail("read the table here")
     )
     assert actor_exit.wait_named_exited("rayflow:job:", 7.0)
-    start_s = actor_exit.TASK_START_S  # the probes it starts there get as long
+    start_s = actor_exit.PROBE_START_S  # the probes it starts there get as long
     assert ("remote", ("rayflow:job:", 7.0, [], start_s)) in sent
+    # review schedule: the task starts late, and so do the tasks it starts on other
+    # nodes; the driver's wait allows for both (before: for one)
+    assert waits == [7.0 + 2 * start_s]
     assert sent[0][1]["num_cpus"] == 0
 
 
@@ -526,4 +532,15 @@ def test_a_pid_of_another_pid_namespace_counts_as_running_here(no_ray, monkeypat
 
 def test_this_process_says_its_pid_namespace(no_ray, monkeypatch):
     monkeypatch.setattr(actor_exit, "_this", None)
-    assert actor_exit.this_process().pid_ns == os.stat("/proc/self/ns/pid").st_ino
+    found = os.stat("/proc/self/ns/pid")
+    assert actor_exit.this_process().pid_ns == (found.st_dev << 32) | found.st_ino
+
+
+def test_a_proc_of_another_pid_namespace_is_not_read(monkeypatch):
+    """Review schedule: a node runs in a PID namespace of its own under the /proc of
+    another (``unshare --pid`` without a /proc of its own): there /proc/<pid> is another
+    process, or none, and a live actor was taken for exited. Such a /proc is not read:
+    the kernel is asked by pid (``kill(pid, 0)``), in this process's own namespace."""
+    assert actor_exit._proc_is_ours()
+    monkeypatch.setattr(actor_exit.os, "readlink", lambda path: "1")
+    assert not actor_exit._proc_is_ours()

@@ -154,9 +154,15 @@ def test_a_ray_client_taker_is_refused_in_seconds_when_the_look_cannot_start(mon
     monkeypatch.setattr(actor_exit, "_client_mode", lambda: True)
     monkeypatch.setattr(actor_exit, "_wait_named_there", Task())
     monkeypatch.setattr(actor_exit.ray, "get", never_starts)
+    cancelled: list = []
+    monkeypatch.setattr(
+        actor_exit.ray, "cancel", lambda ref, force=False: cancelled.append((ref, force))
+    )
     with pytest.raises(ConcurrentRunError, match="run-a.*not known"):
         run_lock.acquire_run_lock("nightly", "run-b", job_id="fedcba987654")
-    assert waited and waited[0] <= 30.0, waited
+    assert cancelled == [("ref", True)]  # not left looking in the background
+    # 5 s to look, 15 s for its task to start, 15 s for the tasks it starts (before: 125)
+    assert waited and waited[0] <= 35.0, waited
 
 
 def test_a_process_recorded_while_the_taker_waits_is_waited_for_too(monkeypatch):
