@@ -127,9 +127,18 @@ def _proc_is_ours() -> bool:
     its own under a ``/proc`` mounted from another (``unshare --pid`` without a ``/proc``
     of its own) would read other processes by its pids."""
     try:
-        return os.path.isdir("/proc/self/task") and os.readlink("/proc/self") == str(os.getpid())
+        if not os.path.isdir("/proc/self/task") or os.readlink("/proc/self") != str(os.getpid()):
+            return False
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("NSpid:"):
+                    # this process's pid in each namespace from /proc's own down to its
+                    # own: one where /proc is of its namespace (the pids may match by
+                    # chance in two)
+                    return len(line.split()) == 2
     except OSError:
         return False
+    return True  # a kernel that does not say (before Linux 4.1)
 
 
 _this: ActorProcess | None = None
@@ -202,26 +211,23 @@ def _running(
     if pid_ns is not None and pid_ns != _PID_NS:
         return True
     if not _PROC:  # no /proc here: ask the kernel
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
+        return _kernel_has(pid)
     if start_ticks is not None:
-        if _start_ticks(pid) != start_ticks:
-            return False  # gone, or another process with the same pid
+        ticks = _start_ticks(pid)
+        if ticks is None:
+            return _kernel_has(pid)  # gone, or hidden from this process's /proc
+        if ticks != start_ticks:
+            return False  # another process with the same pid
     elif started_by is not None and _BOOT_TIME:
         ticks = _start_ticks(pid)
         if ticks is None:
-            return False
+            return _kernel_has(pid)
         if _BOOT_TIME + ticks / _TICKS > started_by:
             return False  # another process with the same pid
     try:
         threads = os.listdir(f"/proc/{pid}/task")
     except OSError:
-        return False
+        return _kernel_has(pid)
     for thread in threads:
         try:
             with open(f"/proc/{pid}/task/{thread}/stat") as stat:
@@ -231,6 +237,19 @@ def _running(
         if state not in ("Z", "X"):
             return True
     return False
+
+
+def _kernel_has(pid: int) -> bool:
+    """Whether the kernel has a process ``pid`` (in this process's PID namespace): what
+    ``/proc`` does not show may still run (a ``/proc`` mounted with ``hidepid`` hides
+    other users' processes); only "no such process" says it is gone."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # EPERM: it runs, as another user's
+        return True
+    return True
 
 
 #: a process to look for on its node: pid, started by, start ticks, PID namespace (see

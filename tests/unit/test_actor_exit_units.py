@@ -81,7 +81,7 @@ def test_a_probe_that_died_on_a_live_node_proves_nothing(no_ray, monkeypatch):
     process may well live. Tried again until the deadline, then not gone."""
     tries = _failing_probe(monkeypatch, WorkerCrashedError())
     monkeypatch.setattr(actor_exit, "_node_alive", lambda node_id: True)
-    deadline = time.monotonic() + 0.5
+    deadline = time.monotonic() + 1.5  # several tries, also on a loaded machine
     pids = [(123, None), (456, None)]
     assert asyncio.run(actor_exit._exited("ab" * 28, pids, deadline)) is False
     assert len(tries) >= 2 and set(tries) == {2}  # one probe for both processes, each time
@@ -543,4 +543,73 @@ def test_a_proc_of_another_pid_namespace_is_not_read(monkeypatch):
     the kernel is asked by pid (``kill(pid, 0)``), in this process's own namespace."""
     assert actor_exit._proc_is_ours()
     monkeypatch.setattr(actor_exit.os, "readlink", lambda path: "1")
+    assert not actor_exit._proc_is_ours()
+
+
+def _hidden_from_proc(monkeypatch, pid: int, kernel: BaseException | None) -> None:
+    """``/proc/<pid>`` hidden from this process (``hidepid``), the kernel answering
+    ``kill(pid, 0)`` with ``kernel`` (None: the signal could be sent)."""
+    import builtins
+
+    hidden = f"/proc/{pid}/"
+    real_open, real_listdir = builtins.open, os.listdir
+
+    def open_(path, *args, **kwargs):
+        if str(path).startswith(hidden):
+            raise FileNotFoundError(path)
+        return real_open(path, *args, **kwargs)
+
+    def listdir(path):
+        if str(path).startswith(hidden):
+            raise FileNotFoundError(path)
+        return real_listdir(path)
+
+    def kill(target, signal):
+        assert target == pid and signal == 0
+        if kernel is not None:
+            raise kernel
+
+    monkeypatch.setattr(builtins, "open", open_)
+    monkeypatch.setattr(actor_exit.os, "listdir", listdir)
+    monkeypatch.setattr(actor_exit.os, "kill", kill)
+
+
+@pytest.mark.parametrize("kernel", [PermissionError(), None])
+def test_a_process_proc_hides_is_not_taken_for_exited(monkeypatch, kernel):
+    """Review schedule: /proc mounted with ``hidepid`` on a node shared by two users; the
+    raylet's user runs the actors, another user's driver looks for a gone run's
+    processes. /proc has no entry for them, while the kernel says they run. Before: taken
+    for exited, and the next run started beside them."""
+    ticks = actor_exit._start_ticks(os.getpid())
+    pid = os.getpid()
+    _hidden_from_proc(monkeypatch, pid, kernel)
+    assert actor_exit._running(pid, None, ticks, actor_exit._PID_NS) is True
+    assert actor_exit._running(pid, time.time() + 1, None, None) is True
+    assert actor_exit._running(pid) is True
+
+
+def test_a_process_gone_for_the_kernel_too_is_exited(monkeypatch):
+    pid = 2**22 + 12345
+    _hidden_from_proc(monkeypatch, pid, ProcessLookupError())
+    assert actor_exit._running(pid, None, 4242, actor_exit._PID_NS) is False
+    assert actor_exit._running(pid, time.time(), None, None) is False
+
+
+def test_a_proc_of_a_parent_pid_namespace_is_not_ours_when_the_pids_match(monkeypatch):
+    """Review schedule: a process in a PID namespace of its own under its parent
+    namespace's /proc, whose pid happens to be the same number in both: /proc/self reads
+    as its pid, yet /proc numbers the parent's processes. Its status names its pid in
+    each namespace from /proc's own down to its own: two here."""
+    import builtins
+    import io
+
+    real_open = builtins.open
+    pid = os.getpid()
+
+    def open_(path, *args, **kwargs):
+        if path == "/proc/self/status":
+            return io.StringIO(f"Name:\tpython\nNSpid:\t{pid}\t{pid}\n")
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", open_)
     assert not actor_exit._proc_is_ours()
