@@ -240,14 +240,19 @@ def _running(
 
 
 def _kernel_has(pid: int) -> bool:
-    """Whether the kernel has a process ``pid`` (in this process's PID namespace): what
-    ``/proc`` does not show may still run (a ``/proc`` mounted with ``hidepid`` hides
-    other users' processes); only "no such process" says it is gone."""
+    """Whether the kernel has a process ``pid`` (in this process's PID namespace) that
+    may be an actor's: what ``/proc`` does not show may still run (a ``/proc`` mounted
+    with ``hidepid`` hides other users' processes); "no such process" says it is gone.
+    "Not permitted" says it is another user's: an actor's to a process of another user
+    than the workers', another process (the pid used again) to a worker or the driver
+    that started the workers, which run as the actors' user."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except OSError:  # EPERM: it runs, as another user's
+    except PermissionError:
+        return not _sees_worker_pids()
+    except OSError:  # not known: counted as running
         return True
     return True
 

@@ -583,6 +583,7 @@ def test_a_process_proc_hides_is_not_taken_for_exited(monkeypatch, kernel):
     ticks = actor_exit._start_ticks(os.getpid())
     pid = os.getpid()
     _hidden_from_proc(monkeypatch, pid, kernel)
+    monkeypatch.setattr(actor_exit, "_sees_worker_pids", lambda: False)  # another user
     assert actor_exit._running(pid, None, ticks, actor_exit._PID_NS) is True
     assert actor_exit._running(pid, time.time() + 1, None, None) is True
     assert actor_exit._running(pid) is True
@@ -613,3 +614,16 @@ def test_a_proc_of_a_parent_pid_namespace_is_not_ours_when_the_pids_match(monkey
 
     monkeypatch.setattr(builtins, "open", open_)
     assert not actor_exit._proc_is_ours()
+
+
+def test_a_pid_used_again_by_another_users_process_is_not_an_actor_to_a_worker(monkeypatch):
+    """Review schedule: /proc mounted with ``hidepid``; an actor exited and its pid went
+    to a long-lived process of another user. To a worker (the job master, the task that
+    looks on a node), which runs as the actors' user, "not permitted" says the pid is
+    not an actor's any more. Before: counted as running for as long as that process
+    lived, keeping the job name locked."""
+    pid = 2**22 + 12345
+    _hidden_from_proc(monkeypatch, pid, PermissionError())
+    monkeypatch.setattr(actor_exit, "_sees_worker_pids", lambda: True)
+    assert actor_exit._running(pid, None, 4242, actor_exit._PID_NS) is False
+    assert actor_exit._running(pid, time.time(), None, None) is False
