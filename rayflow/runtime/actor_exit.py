@@ -4,9 +4,10 @@ Ray answers calls to a killed actor with ``RayActorError`` as soon as its contro
 marks the actor dead, which is before the actor's process has exited: a thread of it can
 still run (and write to the outside world) for milliseconds after, longer on a loaded
 machine. So an actor counts as gone only once its process is seen to have exited: on this
-node by its pid (from a worker, or a driver that started the node's raylet; any other
-driver may see other processes by those pids), else by a task pinned to the actor's node
-(a node that is gone took the process with it). Where each actor runs (node and pid) is
+node by its pid, from the process's own PID namespace (a driver in another one, beside
+the raylet's, would see other processes by those pids), else by a task pinned to the
+actor's node (a node that is gone took the process with it); a pid no look can see
+counts as running. Where each actor runs (node and pid) is
 what the caller learnt earlier (a job master asks every actor it deploys) or, else, asked
 right before the kill; one that cannot say (dead already, or no such method) is taken as
 gone once Ray says so. The processes of a lost job master's actors, which nobody can ask
@@ -91,9 +92,9 @@ class ActorProcess:
     with that pid started later is another one (the pid was used again). ``start_ticks``:
     when known, the process's start as its node's kernel counts it (clock ticks since
     boot): a process with that pid and another start is another one, whatever the
-    clocks say. ``pid_ns``: when known, the PID namespace the pid is in (the inode of
-    ``/proc/self/ns/pid`` of the process): only a process of that namespace can look at
-    it by its pid."""
+    clocks say. ``pid_ns``: when known, the PID namespace the pid is in (the device and
+    inode of the process's ``/proc/self/ns/pid``): only a process of that namespace can
+    look at it by its pid."""
 
     node_id: str
     pid: int
