@@ -1,7 +1,8 @@
 """Shared fixtures: one real local Ray per test session; a throwaway PostgreSQL server
 (``postgres``, session) and a fresh database on it per test (``postgres_db``), from
 tests/pg_server.py; a throwaway Kafka-protocol broker (``kafka_broker``, session) and a
-fresh topic on it per test (``kafka_topic``), from tests/kafka_broker.py."""
+fresh topic on it per test (``kafka_topic``), from tests/kafka_broker.py; rayflow's C
+loop (``speedups``)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,23 @@ from tests.kafka_broker import kafka_broker, kafka_topic  # noqa: F401 - fixture
 from tests.pg_server import postgres, postgres_db  # noqa: F401 - fixtures
 
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+
+#: set (CI sets it): a rayflow without its C loop fails the tests of that loop, not skips
+REQUIRE_SPEEDUPS_ENV = "RAYFLOW_REQUIRE_SPEEDUPS"
+
+
+@pytest.fixture(scope="session")
+def speedups():
+    """The C module :mod:`rayflow.runtime._speedups` (built by ``pip install``)."""
+    try:
+        from rayflow.runtime import _speedups
+    except ImportError as exc:
+        if os.environ.get(REQUIRE_SPEEDUPS_ENV):
+            pytest.fail(
+                f"rayflow.runtime._speedups was not built ({exc}); {REQUIRE_SPEEDUPS_ENV} is set"
+            )
+        pytest.skip(f"rayflow.runtime._speedups was not built: {exc}")
+    return _speedups
 
 
 @pytest.fixture(autouse=True)

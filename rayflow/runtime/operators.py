@@ -57,6 +57,7 @@ from rayflow.guarantees import DeliveryGuarantee
 from rayflow.keygroups import key_group_of, key_groups_of_array, key_groups_of_subtask
 from rayflow.plan.partitioners import KeySelector
 from rayflow.runtime.hooks import HookPoint
+from rayflow.runtime.map_loop import MapLoop, map_loop
 from rayflow.runtime.record_copy import (
     copies_shallowly,
     record_copier,
@@ -330,14 +331,56 @@ class MapOperator(_UserFunctionOperator):
         fn = self.function
         self._call = fn.map if isinstance(fn, MapFunction) else fn
         self._out = self._output()
+        self._loop_for: tuple[Any, ...] | None = None
+        self._loop: MapLoop | None = None
+
+    def _column_loop(self, batch: pa.RecordBatch) -> MapLoop | None:
+        """The loop that emits into columns (:mod:`rayflow.runtime.map_loop`), once the
+        output's schema is settled; None before, and where there is none."""
+        out = self._out
+        schema = out.schema
+        if not out.settled or schema is None or not batch.num_rows:
+            return None
+        inputs = batch.schema.names
+        signature = (schema, inputs)
+        if self._loop_for != signature:
+            self._loop_for, self._loop = signature, map_loop(tuple(inputs), schema)
+        return self._loop
 
     def _records(self, batch: pa.RecordBatch) -> Records:
         batch, timestamps = split_timestamps(batch)
+        stamps = None if timestamps is None else timestamps.to_pylist()
+        loop = self._column_loop(batch)
+        if loop is not None:
+            return self._mapped_columns(loop, batch), stamps
+        return self._mapped(batch, self._copier()), stamps
+
+    def _mapped(self, batch: pa.RecordBatch, copy: Callable[[Any], Any] | None) -> list[Any]:
         # the function may return a dict it keeps and changes: each is copied as returned
-        mapped = take_records(map(self._call, iter_columns(batch)[0]), self._copier())
+        mapped = take_records(map(self._call, iter_columns(batch)[0]), copy)
         if len(mapped) != batch.num_rows:  # map() ended at a StopIteration the call raised
             raise _stopped(self._out.what)
-        return mapped, None if timestamps is None else timestamps.to_pylist()
+        return mapped
+
+    def _mapped_columns(self, loop: MapLoop, batch: pa.RecordBatch) -> list[Any] | Columns:
+        """The values ``batch``'s records map to, taken apart into columns as returned;
+        from the first that is not a record of the schema on, as records."""
+        schema = self._out.schema
+        assert schema is not None
+        columns = Columns(tuple(schema.names), [[] for _ in schema.names])
+        try:
+            row, value = loop(self._call, columns.lists, *(c.to_pylist() for c in batch.columns))
+        except StopIteration as exc:
+            raise _stopped(self._out.what) from exc
+        if value is END:
+            return columns
+        copy = self._copier()
+        out = columns.rows()
+        out.append(value if copy is None else copy(value))
+        rest = batch.slice(row + 1)
+        if rest.num_rows:
+            out += self._mapped(rest, copy)
+        return out
 
     def process(self, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
         return _process_records(self, batch)

@@ -1,6 +1,9 @@
 """A keyed reduce emits into columns once its output's schema is settled
 (``rayflow.runtime.reduce_loop``): every record out is what the record path gave,
-including where a value is not a record of the schema, changes after it left, or fails."""
+including where a value is not a record of the schema, changes after it left, or fails.
+
+Every test runs twice: with the loop in Python and with it in C
+(:mod:`rayflow.runtime._speedups`), which must give the same results."""
 
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ from rayflow import (
 from rayflow.errors import RecordError, SchemaChangeError
 from rayflow.eventtime import WatermarkStrategy
 from rayflow.plan.partitioners import KeySelector
+from rayflow.runtime import speedups as speedups_switch
 from rayflow.runtime.operators import KeyedReduceOperator, OperatorContext
 from rayflow.runtime.records import Columns
 from rayflow.runtime.reduce_loop import reduce_loop
@@ -25,6 +29,14 @@ from rayflow.state import ValueStateDescriptor
 from rayflow.testing import run_in_process
 
 pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture(autouse=True, params=["python", "c"])
+def loop_in(request, monkeypatch):
+    """Runs the test with the loop in Python, then in C."""
+    c = request.getfixturevalue("speedups") if request.param == "c" else None
+    monkeypatch.setattr(speedups_switch, "module", c)
+    return request.param
 
 
 def _run(rows, reduce, batch_size: int = 2, output_type=None, name: str = "R") -> list[dict]:

@@ -1,0 +1,357 @@
+/* rayflow.runtime._speedups: the per-record loops of a keyed reduce and of a map, in C.
+ *
+ * reduce_columns() does what the loop rayflow.runtime.reduce_loop compiles in Python
+ * does, step for step and in the same order (the same calls of the user's function, the
+ * same state, the same values emitted, the same value handed back where it stops, the
+ * same exceptions), without the interpreter's cost per step. map_columns() is a map's
+ * loop by the same rules (rayflow.runtime.map_loop). Both are optional: where they were
+ * not built, or RAYFLOW_NO_SPEEDUPS is set, the Python loop or the record path runs
+ * instead (rayflow.runtime.speedups).
+ *
+ * Every object kept across a step that may run Python code (the user's function, set_key,
+ * table_of_key, a key's __hash__ or __eq__) is held by a strong reference.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#ifdef Py_GIL_DISABLED
+#error "the loop reads borrowed references under the GIL; the free-threaded build uses the Python loop"
+#endif
+
+/* the most output columns the loop takes (more: the Python loop) */
+#define MAX_COLUMNS 64
+
+PyDoc_STRVAR(reduce_columns_doc,
+"reduce_columns(tables, table_of_key, state_name, call, set_key, lists, where, inputs,\n"
+"               key_index, names, checks, columns, end) -> (key, end or value)\n"
+"\n"
+"The loop of rayflow.runtime.reduce_loop: for each row of ``columns`` (a tuple of lists,\n"
+"one per name of ``inputs``) builds the record {inputs[j]: columns[j][row]}, sets the\n"
+"current key (``set_key``, None for none), finds the key's table (``tables.get(key)``,\n"
+"else ``table_of_key(key, state_name)``), reduces (``call(previous, record)``, or keeps\n"
+"the record first) and stores the value, and appends the value's ``names`` to ``lists``\n"
+"when it is a plain dict of exactly those keys whose values pass ``checks`` (per column\n"
+"a type the value must be exactly, or None; None always passes). Returns (last key,\n"
+"``end``) when every row went so, else (key, value) at the first value that did not.\n"
+"``where`` (a list of two) gets the last key and the state's value before the last call.");
+
+static int
+bad_argument(const char *what)
+{
+    PyErr_Format(PyExc_TypeError, "reduce_columns: %s", what);
+    return -1;
+}
+
+/* Checks the arguments both loops share; sets the rows (as zip() gives them: the shortest
+ * column's length). */
+static int
+check_columns(PyObject *lists, PyObject *inputs, PyObject *names, PyObject *checks,
+              PyObject *columns, Py_ssize_t *rows)
+{
+    if (!PyTuple_CheckExact(inputs) || !PyTuple_CheckExact(names) || !PyTuple_CheckExact(checks)
+        || !PyTuple_CheckExact(columns))
+        return bad_argument("inputs, names, checks and columns must be tuples");
+    Py_ssize_t n_in = PyTuple_GET_SIZE(inputs), n_out = PyTuple_GET_SIZE(names);
+    if (n_in < 1 || PyTuple_GET_SIZE(columns) != n_in)
+        return bad_argument("one column per input name");
+    if (n_out < 1 || n_out > MAX_COLUMNS || PyTuple_GET_SIZE(checks) != n_out)
+        return bad_argument("one check per output name, at most 64 names");
+    if (!PyList_CheckExact(lists) || PyList_GET_SIZE(lists) != n_out)
+        return bad_argument("lists must be a list of one list per output name");
+    *rows = PY_SSIZE_T_MAX;
+    for (Py_ssize_t j = 0; j < n_in; j++) {
+        PyObject *column = PyTuple_GET_ITEM(columns, j);
+        if (!PyList_CheckExact(column))
+            return bad_argument("columns must be lists");
+        if (PyList_GET_SIZE(column) < *rows)
+            *rows = PyList_GET_SIZE(column);
+    }
+    for (Py_ssize_t i = 0; i < n_out; i++) {
+        PyObject *check = PyTuple_GET_ITEM(checks, i);
+        if (check != Py_None && !PyType_Check(check))
+            return bad_argument("a check is a type or None");
+        if (!PyList_CheckExact(PyList_GET_ITEM(lists, i)))
+            return bad_argument("lists must be a list of lists");
+    }
+    return 0;
+}
+
+/* Appends the values of ``value`` to ``lists`` (one list per name of ``names``) when it is
+ * a plain dict of exactly those keys whose values pass ``checks``: 1 when it did, 0 when
+ * ``value`` is not such a record (nothing appended), -1 on an error. As the Python loop:
+ * every key is looked up first (a KeyError, also one a key's __eq__ raises, means "not
+ * such a record"), then the types are checked, then the values appended. */
+static int
+take_apart(PyObject *value, PyObject *names, PyObject *checks, PyObject *lists)
+{
+    Py_ssize_t n_out = PyTuple_GET_SIZE(names);
+    PyObject *values[MAX_COLUMNS];
+    if (!PyDict_CheckExact(value) || PyDict_GET_SIZE(value) != n_out)
+        return 0;
+    int fits = 1, status = 0;
+    Py_ssize_t taken = 0;
+    for (; taken < n_out; taken++) {
+        PyObject *v = PyDict_GetItemWithError(value, PyTuple_GET_ITEM(names, taken));
+        if (v == NULL) {
+            if (PyErr_Occurred()) {
+                if (!PyErr_ExceptionMatches(PyExc_KeyError)) {
+                    status = -1;
+                    goto release;
+                }
+                PyErr_Clear();
+            }
+            fits = 0;
+            goto release;
+        }
+        Py_INCREF(v); /* a key's __eq__ may change the dict while the next is looked up */
+        values[taken] = v;
+    }
+    for (Py_ssize_t i = 0; i < n_out; i++) {
+        PyObject *check = PyTuple_GET_ITEM(checks, i);
+        if (check != Py_None && (PyObject *)Py_TYPE(values[i]) != check && values[i] != Py_None) {
+            fits = 0;
+            goto release;
+        }
+    }
+    for (Py_ssize_t i = 0; i < n_out; i++) {
+        if (PyList_Append(PyList_GET_ITEM(lists, i), values[i]) < 0) {
+            status = -1;
+            goto release;
+        }
+    }
+    status = 1;
+release:
+    for (Py_ssize_t i = 0; i < taken; i++)
+        Py_DECREF(values[i]);
+    return status < 0 ? -1 : (fits ? status : 0);
+}
+
+/* {inputs[j]: columns[j][row]} as a new dict; NULL on an error */
+static PyObject *
+record_of(PyObject *inputs, PyObject *columns, Py_ssize_t row)
+{
+    PyObject *record = PyDict_New();
+    if (record == NULL)
+        return NULL;
+    for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(inputs); j++) {
+        PyObject *item = PyList_GET_ITEM(PyTuple_GET_ITEM(columns, j), row);
+        if (PyDict_SetItem(record, PyTuple_GET_ITEM(inputs, j), item) < 0) {
+            Py_DECREF(record);
+            return NULL;
+        }
+    }
+    return record;
+}
+
+/* table.get(key) as a new reference (None where absent); NULL on an error */
+static PyObject *
+table_get(PyObject *table, PyObject *key)
+{
+    PyObject *value;
+    if (PyDict_CheckExact(table)) {
+        value = PyDict_GetItemWithError(table, key);
+        if (value == NULL) {
+            if (PyErr_Occurred())
+                return NULL;
+            value = Py_None;
+        }
+        Py_INCREF(value);
+        return value;
+    }
+    return PyObject_CallMethod(table, "get", "O", key);
+}
+
+static PyObject *
+reduce_columns(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 13) {
+        PyErr_Format(PyExc_TypeError, "reduce_columns takes 13 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    PyObject *tables = args[0], *table_of_key = args[1], *state_name = args[2];
+    PyObject *call = args[3], *set_key = args[4], *lists = args[5], *where = args[6];
+    PyObject *inputs = args[7], *names = args[9], *checks = args[10], *columns = args[11];
+    PyObject *end = args[12];
+    Py_ssize_t rows;
+    if (check_columns(lists, inputs, names, checks, columns, &rows) < 0)
+        return NULL;
+    if (!PyDict_CheckExact(tables)) {
+        bad_argument("tables must be a dict");
+        return NULL;
+    }
+    if (!PyList_CheckExact(where) || PyList_GET_SIZE(where) != 2) {
+        bad_argument("where must be a list of two");
+        return NULL;
+    }
+    Py_ssize_t key_index = PyLong_AsSsize_t(args[8]);
+    if (key_index == -1 && PyErr_Occurred())
+        return NULL;
+    if (key_index < 0 || key_index >= PyTuple_GET_SIZE(inputs)) {
+        bad_argument("key_index out of range");
+        return NULL;
+    }
+
+    PyObject *key = Py_None, *previous = Py_None, *result = NULL;
+    Py_INCREF(key);
+    Py_INCREF(previous);
+
+    for (Py_ssize_t row = 0; row < rows; row++) {
+        /* key = i<key_index> */
+        PyObject *k = PyList_GET_ITEM(PyTuple_GET_ITEM(columns, key_index), row);
+        Py_INCREF(k);
+        Py_SETREF(key, k);
+        /* record = {inputs[0]: i0, ...} */
+        PyObject *record = record_of(inputs, columns, row);
+        if (record == NULL)
+            goto done;
+        if (set_key != Py_None) {
+            PyObject *r = PyObject_CallOneArg(set_key, key);
+            if (r == NULL) {
+                Py_DECREF(record);
+                goto done;
+            }
+            Py_DECREF(r);
+        }
+        /* table = tables.get(key), or table_of_key(key, state_name) */
+        PyObject *table = PyDict_GetItemWithError(tables, key);
+        if (table != NULL && table != Py_None) {
+            Py_INCREF(table);
+        }
+        else {
+            if (PyErr_Occurred()) {
+                Py_DECREF(record);
+                goto done;
+            }
+            PyObject *call_args[2] = {key, state_name};
+            table = PyObject_Vectorcall(table_of_key, call_args, 2, NULL);
+            if (table == NULL) {
+                Py_DECREF(record);
+                goto done;
+            }
+        }
+        /* previous = table.get(key) */
+        PyObject *got = table_get(table, key);
+        if (got == NULL) {
+            Py_DECREF(table);
+            Py_DECREF(record);
+            goto done;
+        }
+        Py_SETREF(previous, got);
+        /* value = record if previous is None else call(previous, record) */
+        PyObject *value;
+        if (previous == Py_None) {
+            value = record;
+        }
+        else {
+            PyObject *call_args[2] = {previous, record};
+            value = PyObject_Vectorcall(call, call_args, 2, NULL);
+            Py_DECREF(record);
+            if (value == NULL) {
+                Py_DECREF(table);
+                goto done;
+            }
+        }
+        /* table[key] = value */
+        int stored = PyObject_SetItem(table, key, value);
+        Py_DECREF(table);
+        if (stored < 0) {
+            Py_DECREF(value);
+            goto done;
+        }
+        int taken = take_apart(value, names, checks, lists);
+        if (taken < 0) {
+            Py_DECREF(value);
+            goto done;
+        }
+        if (taken == 0) {
+            result = PyTuple_Pack(2, key, value);
+            Py_DECREF(value);
+            goto done;
+        }
+        Py_DECREF(value);
+    }
+    result = PyTuple_Pack(2, key, end);
+
+done:
+    {
+        /* finally: where[0] = key; where[1] = previous (an exception raised stays set) */
+        PyObject *type, *exc, *traceback;
+        PyErr_Fetch(&type, &exc, &traceback);
+        Py_INCREF(key);
+        PyList_SetItem(where, 0, key);
+        Py_INCREF(previous);
+        PyList_SetItem(where, 1, previous);
+        PyErr_Restore(type, exc, traceback);
+    }
+    Py_DECREF(key);
+    Py_DECREF(previous);
+    return result;
+}
+
+PyDoc_STRVAR(map_columns_doc,
+"map_columns(call, lists, inputs, names, checks, columns, end) -> (rows, end) or (row, value)\n"
+"\n"
+"A map's loop: for each row of ``columns`` (a tuple of lists, one per name of ``inputs``)\n"
+"calls ``call`` on the record {inputs[j]: columns[j][row]} and appends the value it\n"
+"returns to ``lists`` as reduce_columns does. Returns (rows, ``end``) when every row went\n"
+"so, else (row, value) at the first value that did not (nothing of it appended).");
+
+static PyObject *
+map_columns(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 7) {
+        PyErr_Format(PyExc_TypeError, "map_columns takes 7 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    PyObject *call = args[0], *lists = args[1], *inputs = args[2], *names = args[3];
+    PyObject *checks = args[4], *columns = args[5], *end = args[6];
+    Py_ssize_t rows;
+    if (check_columns(lists, inputs, names, checks, columns, &rows) < 0)
+        return NULL;
+    for (Py_ssize_t row = 0; row < rows; row++) {
+        PyObject *record = record_of(inputs, columns, row);
+        if (record == NULL)
+            return NULL;
+        PyObject *value = PyObject_CallOneArg(call, record);
+        Py_DECREF(record);
+        if (value == NULL)
+            return NULL;
+        int taken = take_apart(value, names, checks, lists);
+        if (taken <= 0) {
+            PyObject *result = NULL;
+            if (taken == 0)
+                result = Py_BuildValue("(nO)", row, value);
+            Py_DECREF(value);
+            return result;
+        }
+        Py_DECREF(value);
+    }
+    return Py_BuildValue("(nO)", rows, end);
+}
+
+static PyMethodDef speedups_methods[] = {
+    {"map_columns", (PyCFunction)(void (*)(void))map_columns, METH_FASTCALL, map_columns_doc},
+    {"reduce_columns", (PyCFunction)(void (*)(void))reduce_columns, METH_FASTCALL,
+     reduce_columns_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef speedups_module = {
+    PyModuleDef_HEAD_INIT,
+    "rayflow.runtime._speedups",
+    "The per-record loops of a keyed reduce and a map in C (see rayflow.runtime.reduce_loop).",
+    -1,
+    speedups_methods,
+    NULL,
+    NULL,
+    NULL,
+    NULL,
+};
+
+PyMODINIT_FUNC
+PyInit__speedups(void)
+{
+    return PyModule_Create(&speedups_module);
+}
