@@ -77,8 +77,14 @@ class _MaxWriter(SinkWriter):
 
     def finish(self) -> Any:
         import rayflow
+        from rayflow.runtime import speedups
 
-        return {"count": self.count, "best": self.best, "rayflow": rayflow.__file__}
+        loops = "C" if speedups.loaded() else "Python"
+        return {
+            "count": self.count,
+            "best": self.best,
+            "rayflow": f"{rayflow.__file__}, loops in {loops}",
+        }
 
 
 class MaxSink(Sink):

@@ -18,8 +18,15 @@
 #error "the loop reads borrowed references under the GIL; the free-threaded build uses the Python loop"
 #endif
 
-/* the most output columns the loop takes (more: the Python loop) */
+/* the most input or output columns a loop takes (more: the Python loop) */
 #define MAX_COLUMNS 64
+
+/* The version of these functions' arguments and results: rayflow.runtime.speedups loads
+ * a module built from another version (an older build left in place) as none. */
+#define SPEEDUPS_ABI 2
+
+/* "get", interned at import */
+static PyObject *get_name;
 
 PyDoc_STRVAR(reduce_columns_doc,
 "reduce_columns(tables, table_of_key, state_name, call, set_key, lists, where, inputs,\n"
@@ -42,29 +49,24 @@ bad_argument(const char *what)
     return -1;
 }
 
-/* Checks the arguments both loops share; sets the rows (as zip() gives them: the shortest
- * column's length). */
+/* Checks the arguments both loops share. */
 static int
 check_columns(PyObject *lists, PyObject *inputs, PyObject *names, PyObject *checks,
-              PyObject *columns, Py_ssize_t *rows)
+              PyObject *columns)
 {
     if (!PyTuple_CheckExact(inputs) || !PyTuple_CheckExact(names) || !PyTuple_CheckExact(checks)
         || !PyTuple_CheckExact(columns))
         return bad_argument("inputs, names, checks and columns must be tuples");
     Py_ssize_t n_in = PyTuple_GET_SIZE(inputs), n_out = PyTuple_GET_SIZE(names);
-    if (n_in < 1 || PyTuple_GET_SIZE(columns) != n_in)
-        return bad_argument("one column per input name");
+    if (n_in < 1 || n_in > MAX_COLUMNS || PyTuple_GET_SIZE(columns) != n_in)
+        return bad_argument("one column per input name, at most 64");
     if (n_out < 1 || n_out > MAX_COLUMNS || PyTuple_GET_SIZE(checks) != n_out)
-        return bad_argument("one check per output name, at most 64 names");
+        return bad_argument("one check per output name, at most 64");
     if (!PyList_CheckExact(lists) || PyList_GET_SIZE(lists) != n_out)
         return bad_argument("lists must be a list of one list per output name");
-    *rows = PY_SSIZE_T_MAX;
     for (Py_ssize_t j = 0; j < n_in; j++) {
-        PyObject *column = PyTuple_GET_ITEM(columns, j);
-        if (!PyList_CheckExact(column))
+        if (!PyList_CheckExact(PyTuple_GET_ITEM(columns, j)))
             return bad_argument("columns must be lists");
-        if (PyList_GET_SIZE(column) < *rows)
-            *rows = PyList_GET_SIZE(column);
     }
     for (Py_ssize_t i = 0; i < n_out; i++) {
         PyObject *check = PyTuple_GET_ITEM(checks, i);
@@ -76,18 +78,29 @@ check_columns(PyObject *lists, PyObject *inputs, PyObject *names, PyObject *chec
     return 0;
 }
 
-/* Appends the values of ``value`` to ``lists`` (one list per name of ``names``) when it is
- * a plain dict of exactly those keys whose values pass ``checks``: 1 when it did, 0 when
- * ``value`` is not such a record (nothing appended), -1 on an error. As the Python loop:
- * every key is looked up first (a KeyError, also one a key's __eq__ raises, means "not
- * such a record"), then the types are checked, then the values appended. */
+/* Appends the values of ``value`` to ``outs`` (one list per name of ``names``) when it is
+ * a plain dict of exactly those keys whose values pass ``checks`` (and, with ``str_keys``,
+ * whose keys are all str): 1 when it did, 0 when ``value`` is not such a record (nothing
+ * appended), -1 on an error. As the Python loop: every key is looked up first (a KeyError,
+ * also one a key's __eq__ raises, means "not such a record"), then the types are checked,
+ * then the values appended. */
 static int
-take_apart(PyObject *value, PyObject *names, PyObject *checks, PyObject *lists)
+take_apart(PyObject *value, PyObject *names, PyObject *checks, PyObject **outs, int str_keys)
 {
     Py_ssize_t n_out = PyTuple_GET_SIZE(names);
     PyObject *values[MAX_COLUMNS];
     if (!PyDict_CheckExact(value) || PyDict_GET_SIZE(value) != n_out)
         return 0;
+    if (str_keys) {
+        /* as the record path: a key that is not a str is no column name (and no key's
+         * __eq__ runs below) */
+        Py_ssize_t pos = 0;
+        PyObject *k, *v;
+        while (PyDict_Next(value, &pos, &k, &v)) {
+            if (!PyUnicode_CheckExact(k))
+                return 0;
+        }
+    }
     int fits = 1, status = 0;
     Py_ssize_t taken = 0;
     for (; taken < n_out; taken++) {
@@ -114,7 +127,7 @@ take_apart(PyObject *value, PyObject *names, PyObject *checks, PyObject *lists)
         }
     }
     for (Py_ssize_t i = 0; i < n_out; i++) {
-        if (PyList_Append(PyList_GET_ITEM(lists, i), values[i]) < 0) {
+        if (PyList_Append(outs[i], values[i]) < 0) {
             status = -1;
             goto release;
         }
@@ -126,16 +139,51 @@ release:
     return status < 0 ? -1 : (fits ? status : 0);
 }
 
-/* {inputs[j]: columns[j][row]} as a new dict; NULL on an error */
+/* Takes row ``row`` of every column into ``items`` (strong references), as zip() takes a
+ * row's items before the loop's body runs: 1, or 0 where a column has no such row (the
+ * function may have reached a column and emptied it; zip() then ends there). */
+static int
+take_row(PyObject *columns, Py_ssize_t row, PyObject **items)
+{
+    Py_ssize_t n_in = PyTuple_GET_SIZE(columns);
+    for (Py_ssize_t j = 0; j < n_in; j++) {
+        if (row >= PyList_GET_SIZE(PyTuple_GET_ITEM(columns, j)))
+            return 0;
+    }
+    for (Py_ssize_t j = 0; j < n_in; j++) {
+        items[j] = PyList_GET_ITEM(PyTuple_GET_ITEM(columns, j), row);
+        Py_INCREF(items[j]);
+    }
+    return 1;
+}
+
+static void
+release(PyObject **objects, Py_ssize_t n)
+{
+    for (Py_ssize_t i = 0; i < n; i++)
+        Py_DECREF(objects[i]);
+}
+
+/* Strong references to the lists of ``lists`` in ``outs``, as the Python loop's bound
+ * appends hold them (emptying ``lists`` leaves them alive); released with release(). */
+static void
+hold_outs(PyObject *lists, PyObject **outs)
+{
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(lists); i++) {
+        outs[i] = PyList_GET_ITEM(lists, i);
+        Py_INCREF(outs[i]);
+    }
+}
+
+/* {inputs[j]: items[j]} as a new dict; NULL on an error */
 static PyObject *
-record_of(PyObject *inputs, PyObject *columns, Py_ssize_t row)
+record_of(PyObject *inputs, PyObject **items)
 {
     PyObject *record = PyDict_New();
     if (record == NULL)
         return NULL;
     for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(inputs); j++) {
-        PyObject *item = PyList_GET_ITEM(PyTuple_GET_ITEM(columns, j), row);
-        if (PyDict_SetItem(record, PyTuple_GET_ITEM(inputs, j), item) < 0) {
+        if (PyDict_SetItem(record, PyTuple_GET_ITEM(inputs, j), items[j]) < 0) {
             Py_DECREF(record);
             return NULL;
         }
@@ -158,7 +206,7 @@ table_get(PyObject *table, PyObject *key)
         Py_INCREF(value);
         return value;
     }
-    return PyObject_CallMethod(table, "get", "O", key);
+    return PyObject_CallMethodObjArgs(table, get_name, key, NULL);
 }
 
 static PyObject *
@@ -173,8 +221,7 @@ reduce_columns(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     PyObject *call = args[3], *set_key = args[4], *lists = args[5], *where = args[6];
     PyObject *inputs = args[7], *names = args[9], *checks = args[10], *columns = args[11];
     PyObject *end = args[12];
-    Py_ssize_t rows;
-    if (check_columns(lists, inputs, names, checks, columns, &rows) < 0)
+    if (check_columns(lists, inputs, names, checks, columns) < 0)
         return NULL;
     if (!PyDict_CheckExact(tables)) {
         bad_argument("tables must be a dict");
@@ -193,16 +240,18 @@ reduce_columns(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     }
 
     PyObject *key = Py_None, *previous = Py_None, *result = NULL;
+    PyObject *outs[MAX_COLUMNS], *items[MAX_COLUMNS];
+    Py_ssize_t n_in = PyTuple_GET_SIZE(inputs), n_out = PyTuple_GET_SIZE(names);
     Py_INCREF(key);
     Py_INCREF(previous);
+    hold_outs(lists, outs);
 
-    for (Py_ssize_t row = 0; row < rows; row++) {
-        /* key = i<key_index> */
-        PyObject *k = PyList_GET_ITEM(PyTuple_GET_ITEM(columns, key_index), row);
-        Py_INCREF(k);
-        Py_SETREF(key, k);
-        /* record = {inputs[0]: i0, ...} */
-        PyObject *record = record_of(inputs, columns, row);
+    for (Py_ssize_t row = 0; take_row(columns, row, items); row++) {
+        /* key = i<key_index>; record = {inputs[0]: i0, ...} */
+        Py_INCREF(items[key_index]);
+        Py_SETREF(key, items[key_index]);
+        PyObject *record = record_of(inputs, items);
+        release(items, n_in);
         if (record == NULL)
             goto done;
         if (set_key != Py_None) {
@@ -259,7 +308,7 @@ reduce_columns(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             Py_DECREF(value);
             goto done;
         }
-        int taken = take_apart(value, names, checks, lists);
+        int taken = take_apart(value, names, checks, outs, 0);
         if (taken < 0) {
             Py_DECREF(value);
             goto done;
@@ -286,6 +335,7 @@ done:
     }
     Py_DECREF(key);
     Py_DECREF(previous);
+    release(outs, n_out);
     return result;
 }
 
@@ -294,8 +344,9 @@ PyDoc_STRVAR(map_columns_doc,
 "\n"
 "A map's loop: for each row of ``columns`` (a tuple of lists, one per name of ``inputs``)\n"
 "calls ``call`` on the record {inputs[j]: columns[j][row]} and appends the value it\n"
-"returns to ``lists`` as reduce_columns does. Returns (rows, ``end``) when every row went\n"
-"so, else (row, value) at the first value that did not (nothing of it appended).");
+"returns to ``lists`` as reduce_columns does, where its keys are all str. Returns (rows,\n"
+"``end``) when every row went so (rows: as many as zip() of the columns gave), else\n"
+"(row, value) at the first value that did not (nothing of it appended).");
 
 static PyObject *
 map_columns(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
@@ -307,28 +358,33 @@ map_columns(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     }
     PyObject *call = args[0], *lists = args[1], *inputs = args[2], *names = args[3];
     PyObject *checks = args[4], *columns = args[5], *end = args[6];
-    Py_ssize_t rows;
-    if (check_columns(lists, inputs, names, checks, columns, &rows) < 0)
+    if (check_columns(lists, inputs, names, checks, columns) < 0)
         return NULL;
-    for (Py_ssize_t row = 0; row < rows; row++) {
-        PyObject *record = record_of(inputs, columns, row);
+    PyObject *outs[MAX_COLUMNS], *items[MAX_COLUMNS], *result = NULL;
+    Py_ssize_t n_in = PyTuple_GET_SIZE(inputs), n_out = PyTuple_GET_SIZE(names), row = 0;
+    hold_outs(lists, outs);
+    for (; take_row(columns, row, items); row++) {
+        PyObject *record = record_of(inputs, items);
+        release(items, n_in);
         if (record == NULL)
-            return NULL;
+            goto done;
         PyObject *value = PyObject_CallOneArg(call, record);
         Py_DECREF(record);
         if (value == NULL)
-            return NULL;
-        int taken = take_apart(value, names, checks, lists);
+            goto done;
+        int taken = take_apart(value, names, checks, outs, 1);
         if (taken <= 0) {
-            PyObject *result = NULL;
             if (taken == 0)
                 result = Py_BuildValue("(nO)", row, value);
             Py_DECREF(value);
-            return result;
+            goto done;
         }
         Py_DECREF(value);
     }
-    return Py_BuildValue("(nO)", rows, end);
+    result = Py_BuildValue("(nO)", row, end);
+done:
+    release(outs, n_out);
+    return result;
 }
 
 static PyMethodDef speedups_methods[] = {
@@ -353,5 +409,16 @@ static struct PyModuleDef speedups_module = {
 PyMODINIT_FUNC
 PyInit__speedups(void)
 {
-    return PyModule_Create(&speedups_module);
+    get_name = PyUnicode_InternFromString("get");
+    if (get_name == NULL)
+        return NULL;
+    PyObject *module = PyModule_Create(&speedups_module);
+    if (module == NULL)
+        return NULL;
+    if (PyModule_AddIntConstant(module, "ABI", SPEEDUPS_ABI) < 0
+        || PyModule_AddIntConstant(module, "MAX_COLUMNS", MAX_COLUMNS) < 0) {
+        Py_DECREF(module);
+        return NULL;
+    }
+    return module;
 }

@@ -6,10 +6,15 @@ Once a map's output schema is settled, and where the C module is loaded
 column (:class:`~rayflow.runtime.records.Columns`), as a keyed reduce's loop does
 (:mod:`rayflow.runtime.reduce_loop`, whose rules for what goes this way it shares): no copy
 of the value (it has left before the function is called again), no pass over the records
-per column. The first value that is not a plain dict of exactly the schema's keys (a
-``str`` or None in a text column, ``bytes`` or None in a binary one) stops the loop and is
-handed back; the map emits it, and the records after it, as records. Without the C module
-a map takes the record path only.
+per column. The first value that is not a plain dict of exactly the schema's keys, all of
+them ``str`` (a ``str`` or None in a text column, ``bytes`` or None in a binary one), stops
+the loop and is handed back; the map emits it, and the records after it, as records.
+Without the C module a map takes the record path only.
+
+One difference is by design: with object reuse on (nothing copied), a function that
+returns one dict it keeps changing emits, on the record path, that dict as it is when the
+batch is built (the last value, every time), and through the columns each value as it was
+when returned, as a keyed reduce's loop does.
 """
 
 from __future__ import annotations
@@ -35,7 +40,9 @@ def map_loop(inputs: tuple[str, ...], schema: pa.Schema) -> MapLoop | None:
     or None (no C module, no input column, or an output it cannot take)."""
     speedups = _speedups.module
     checks = column_checks(schema)
-    if speedups is None or not inputs or checks is None or len(checks) > _speedups.MAX_COLUMNS:
+    if speedups is None or not inputs or checks is None:
+        return None
+    if max(len(inputs), len(checks)) > _speedups.MAX_COLUMNS:
         return None
     map_columns = speedups.map_columns
     names = tuple(schema.names)

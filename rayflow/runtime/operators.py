@@ -373,6 +373,8 @@ class MapOperator(_UserFunctionOperator):
         except StopIteration as exc:
             raise _stopped(self._out.what) from exc
         if value is END:
+            if row != batch.num_rows:  # as _mapped: the input's lists ended early
+                raise _stopped(self._out.what)
             return columns
         copy = self._copier()
         out = columns.rows()
@@ -596,6 +598,11 @@ class KeyedReduceOperator(_KeyedOperator):
                 raise
             raise error from exc
         if value is END:
+            if len(columns) != batch.num_rows:  # the input's lists ended early
+                raise RuntimeError(
+                    f"{self._out.what}: {len(columns)} of its batch's {batch.num_rows} records "
+                    "were reduced: its function changed the operator's own lists"
+                )
             backend.set_current_key(key)  # where setting it per record would have left it
             return columns
         # not a record of the schema's keys and types: it and the rest go as records

@@ -103,7 +103,8 @@ def reduce_loop(
     checks = column_checks(schema)
     if not inputs or checks is None:
         return None
-    speedups = _speedups.module if len(names) <= _speedups.MAX_COLUMNS else None
+    fits = max(len(names), len(inputs)) <= _speedups.MAX_COLUMNS
+    speedups = _speedups.module if fits else None
     signature = (inputs, key, names, checks, sets_key, speedups)
     loop = _LOOPS.get(signature)
     if loop is None:

@@ -10,15 +10,24 @@ of rayflow's processes when rayflow is imported, they run in Python.
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any
 
-__all__ = ["DISABLE_ENV", "MAX_COLUMNS", "loaded", "module"]
+__all__ = ["ABI", "DISABLE_ENV", "MAX_COLUMNS", "loaded", "module"]
+
+_log = logging.getLogger(__name__)
+
+#: the version of the C functions' arguments and results this Python code calls; a module
+#: built from another version (an older build left in place by an editable install) is
+#: not used
+ABI = 2
+_FUNCTIONS = ("reduce_columns", "map_columns")
 
 #: set to anything but ``0``: the loops run in Python
 DISABLE_ENV = "RAYFLOW_NO_SPEEDUPS"
 
-#: the most output columns a loop in C takes (an output with more runs in Python)
+#: the most input or output columns a loop in C takes (more run in Python)
 MAX_COLUMNS = 64
 
 
@@ -28,6 +37,17 @@ def _load() -> Any:
     try:
         from rayflow.runtime import _speedups
     except ImportError:
+        return None
+    built = getattr(_speedups, "ABI", None)
+    if built != ABI or not all(hasattr(_speedups, name) for name in _FUNCTIONS):
+        _log.warning(
+            "rayflow's C loops at %s were built from another version (ABI %s, this rayflow "
+            "calls %s): the loops run in Python; reinstall rayflow (pip install -e .) to "
+            "rebuild them",
+            getattr(_speedups, "__file__", "?"),
+            built,
+            ABI,
+        )
         return None
     return _speedups
 

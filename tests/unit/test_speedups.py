@@ -171,6 +171,8 @@ def _map_reference(call, lists, inputs, names, checks, *columns):
         value = call(dict(zip(inputs, (c[row] for c in columns))))
         if type(value) is not dict or len(value) != len(names):
             return row, value
+        if any(type(key) is not str for key in value):  # as the record path: no column name
+            return row, value
         try:
             values = [value[name] for name in names]
         except KeyError:
@@ -319,3 +321,182 @@ def test_bad_arguments_are_refused_not_read(speedups):
             speedups.reduce_columns(*wrong)
     with pytest.raises(TypeError, match="map_columns takes 7 arguments"):
         speedups.map_columns(None)
+
+
+# --- review schedules -------------------------------------------------------------------
+
+
+def _empty_lists_holding(value, length) -> None:
+    """What a function can do with gc.get_referrers: empty every list of ``length`` or
+    more items that holds ``value``, and every list of two holding such a list."""
+    for holder in gc.get_referrers(value):
+        if type(holder) is list and len(holder) >= length:
+            for outer in gc.get_referrers(holder):
+                if type(outer) is list and len(outer) == 2:
+                    outer.clear()
+            holder.clear()
+
+
+@pytest.mark.parametrize("impl", ["python", "c"])
+def test_a_reduce_emptying_the_operator_s_lists_fails_naming_it(impl, speedups, monkeypatch):
+    """Review schedule: the function reaches the operator's input column and output lists
+    (through gc.get_referrers on what it was given) and empties them. In C the loop read
+    past the lists' ends and the process died (SIGSEGV); now both loops end as zip() does
+    and the operator fails naming itself, never emitting fewer records than it read."""
+    from rayflow.runtime.operators import KeyedReduceOperator
+    from tests.unit.test_reduce_loop import _columns_after
+
+    monkeypatch.setattr(speedups_switch, "module", speedups if impl == "c" else None)
+    mark = "m" * 50
+
+    def reduce(a, b):
+        if b["s"] == mark:
+            _empty_lists_holding(b["s"], 3)
+        return {"k": a["k"], "s": b["s"]}
+
+    rows = [{"k": 0, "s": "a"}] + [{"k": 0, "s": mark if i == 3 else "b"} for i in range(10)]
+    with pytest.raises(RuntimeError, match="reduce 'R': 4 of its batch's 10 records"):
+        _columns_after(rows[:1], rows[1:], reduce)
+    assert KeyedReduceOperator is not None
+
+
+@pytest.mark.parametrize("impl", ["records", "c"])
+def test_a_map_emptying_the_operator_s_lists_fails_as_on_the_record_path(
+    impl, speedups, monkeypatch
+):
+    """Review schedule: as above, for a map: the C loop stops where the lists end and the
+    map fails as the record path does, instead of reading past their ends."""
+    from tests.unit.test_map_loop import _op
+
+    monkeypatch.setattr(speedups_switch, "module", speedups if impl == "c" else None)
+    mark = "m" * 50
+
+    def fn(r):
+        if r["s"] == mark:
+            _empty_lists_holding(r["s"], 3)
+        return {"k": r["k"], "s": r["s"]}
+
+    op = _op(fn)
+    op.process(pa.RecordBatch.from_pylist([{"k": 0, "s": "a"}]))
+    rows = [{"k": 0, "s": mark if i == 3 else "b"} for i in range(10)]
+    with pytest.raises(RuntimeError, match="map 'M'"):
+        op.process(pa.RecordBatch.from_pylist(rows))
+
+
+def test_the_map_loop_holds_its_output_lists_as_the_python_loop_does(speedups):
+    """Review schedule: the function empties the outer list of output lists; the loop
+    appends on into the lists it was given, as bound appends do."""
+    lists: list[list] = [[]]
+    inner = lists[0]
+
+    def fn(r):
+        lists.clear()
+        return {"v": r["v"]}
+
+    assert speedups.map_columns(fn, lists, ("v",), ("v",), (None,), ([1, 2, 3],), END) == (3, END)
+    assert inner == [1, 2, 3]
+
+
+class _LooksLikeV:
+    def __init__(self, raises: type[Exception] | None = None) -> None:
+        self.raises = raises
+
+    def __hash__(self) -> int:
+        return hash("v")
+
+    def __eq__(self, other: object) -> bool:
+        if self.raises is not None:
+            raise self.raises("eq")
+        return other == "v"
+
+    def __repr__(self) -> str:
+        return "_LooksLikeV()"
+
+
+def _map_outcome(fn, batches) -> object:
+    """The records a map of ``fn`` emits for ``batches`` (the first settles its schema),
+    or the type and message of its error."""
+    from tests.unit.test_map_loop import _op
+
+    op = _op(fn)
+    try:
+        out = [b for rows in batches for b in op.process(pa.RecordBatch.from_pylist(rows))]
+    except Exception as exc:  # noqa: BLE001 - compared as an outcome
+        return type(exc), str(exc)
+    return pa.Table.from_batches(out).to_pylist()
+
+
+@pytest.mark.parametrize("first", [True, False])
+@pytest.mark.parametrize("raises", [None, ArithmeticError, StopIteration])
+def test_a_map_returning_a_key_that_is_no_str_does_what_the_record_path_does(
+    raises, first, speedups, monkeypatch
+):
+    """Review schedule: a map returns a key equal to ``"v"`` that is not a str. The C
+    loop took it as ``v`` (or raised its ``__eq__``'s error) where the record path named
+    the operator: outcomes differed with and without the C module. Now such a value goes
+    the record path, whatever that makes of it."""
+
+    def fn(r):
+        if r["k"] == 0:
+            return {"k": r["k"], "v": r["v"]}
+        return {"k": r["k"], _LooksLikeV(raises): r["v"]}
+
+    rows = [{"k": 1, "v": 3}, {"k": 0, "v": 2}] if first else [{"k": 0, "v": 2}, {"k": 1, "v": 3}]
+    batches = [[{"k": 0, "v": 1}], rows]
+    outcomes = []
+    for module in (None, speedups):
+        monkeypatch.setattr(speedups_switch, "module", module)
+        outcomes.append(_map_outcome(fn, batches))
+    assert outcomes[0] == outcomes[1]
+
+
+class _GetDict(dict):
+    """A table that is a dict of another type: the loops read it with ``get``."""
+
+
+def test_a_tuple_key_reaches_a_table_s_get_as_one_argument(speedups, monkeypatch):
+    """Review schedule: a table that is not exactly a dict and a tuple key. C called
+    ``table.get(*key)``; now ``table.get(key)``, as the Python loop."""
+    outcomes = []
+    for module in (None, speedups):
+        monkeypatch.setattr(speedups_switch, "module", module)
+        loop = reduce_loop(("k", "v"), 0, pa.schema([("k", pa.int64()), ("v", pa.int64())]), False)
+        key = ("a", "b")
+        table = _GetDict({key: {"k": 0, "v": 1}})
+        lists: list[list] = [[], []]
+        result = loop(
+            {key: table},
+            None,
+            "reduce",
+            lambda a, b: {"k": 0, "v": a["v"] + b["v"]},
+            None,
+            lists,
+            [None, None],
+            [key],
+            [5],
+        )
+        outcomes.append((result[1] is END, lists, dict(table)))
+    assert outcomes[0] == outcomes[1] == (True, [[0], [6]], {("a", "b"): {"k": 0, "v": 6}})
+
+
+def test_a_c_module_of_another_version_is_not_used(monkeypatch, caplog):
+    """Review schedule: an editable install keeps a build of an older source in place
+    after the source changed. It was used, and every map failed on a function it lacks;
+    now it is not used (a warning says so) and the loops run in Python."""
+    import types
+
+    old = types.ModuleType("rayflow.runtime._speedups")
+    old.reduce_columns = lambda *args: None  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "rayflow.runtime._speedups", old)
+    import rayflow.runtime
+
+    monkeypatch.setattr(rayflow.runtime, "_speedups", old, raising=False)
+    monkeypatch.delenv(speedups_switch.DISABLE_ENV, raising=False)
+    with caplog.at_level("WARNING", logger="rayflow.runtime.speedups"):
+        assert speedups_switch._load() is None
+    assert "built from another version" in caplog.text
+    old.ABI = speedups_switch.ABI  # type: ignore[attr-defined]
+    old.map_columns = lambda *args: None  # type: ignore[attr-defined]
+    assert speedups_switch._load() is old
+    monkeypatch.setenv(speedups_switch.DISABLE_ENV, "1")
+    assert speedups_switch._load() is None
