@@ -43,6 +43,7 @@ from typing import Any
 import pyarrow as pa
 
 from rayflow.errors import RecordError, SchemaChangeError
+from rayflow.runtime import speedups as _speedups
 
 __all__ = [
     "batch_to_rows",
@@ -174,6 +175,7 @@ class OutputRecords:
         self._names: tuple[Any, ...] = ()
         self._getters: list[Callable[[Any], Any]] = []
         self._types: list[pa.DataType | None] = []
+        self._packs: list[str | None] = []
 
     # --- batches --------------------------------------------------------------------------
 
@@ -226,14 +228,11 @@ class OutputRecords:
         if names != self._names:
             self._getters = [itemgetter(name) for name in names]
             self._types = self._direct_types(names)
+            self._packs = self._packed(names)
             self._names = names
         try:
             return pa.RecordBatch.from_arrays(
-                [
-                    pa.array(c) if t is None else pa.array(c, type=t)
-                    for c, t in zip(columns.lists, self._types)
-                ],
-                names=list(names),
+                list(map(_array, columns.lists, self._types, self._packs)), names=list(names)
             )
         except Exception:  # noqa: BLE001 - the record path gives the result or the error
             return None
@@ -245,16 +244,13 @@ class OutputRecords:
         if names != self._names:
             self._getters = [itemgetter(name) for name in names]
             self._types = self._direct_types(names)
+            self._packs = self._packed(names)
             self._names = names
         columns = [list(map(getter, rows)) for getter in self._getters]  # KeyError: missing
         if sum(map(len, rows)) != len(names) * len(rows):  # a record has another key
             return None
         return pa.RecordBatch.from_arrays(
-            [
-                pa.array(c) if t is None else pa.array(c, type=t)
-                for c, t in zip(columns, self._types)
-            ],
-            names=list(names),
+            list(map(_array, columns, self._types, self._packs)), names=list(names)
         )
 
     def _direct_types(self, names: tuple[Any, ...]) -> list[pa.DataType | None]:
@@ -267,6 +263,16 @@ class OutputRecords:
             t = schema.field(index).type if index >= 0 else None
             types.append(t if t is not None and _converts_directly(t) else None)
         return types
+
+    def _packed(self, names: tuple[Any, ...]) -> list[str | None]:
+        """Per key, the kind letter of :func:`_array` where the output schema's column is
+        one the C module packs, else None."""
+        schema = self.schema
+        packs: list[str | None] = []
+        for name in names:
+            index = schema.get_field_index(name) if schema is not None else -1
+            packs.append(_PACKED.get(schema.field(index).type) if index >= 0 else None)
+        return packs
 
     def _unified(self, rows: list[Any]) -> pa.RecordBatch:
         """Every key of every record as a column (in order of first appearance), None
@@ -446,6 +452,29 @@ def _holds_null_type(t: pa.DataType) -> bool:
 #: an int column is not among them (Arrow converts a float into an int64 column by
 #: dropping its fraction), nor float32 (it rounds doubles).
 _DIRECT = (pa.float64(), pa.bool_(), pa.string(), pa.large_string())
+
+
+#: column types whose values the C module packs (:func:`_array`), by its kind letter
+_PACKED = {pa.int64(): "q", pa.float64(): "d"}
+
+
+def _array(values: list[Any], t: pa.DataType | None, pack: str | None = None) -> pa.Array:
+    """``pa.array(values)``, or ``pa.array(values, type=t)`` where ``t`` is given. Where
+    the C module is loaded and the output's column is int64 (``pack`` ``"q"``) or float64
+    (``"d"``), values that are all ints that fit (all floats) are packed into the column at
+    once: the array pyarrow would build (inferring int64 for such ints, or converting to
+    the float64 given), without its checks per value. Anything else, with its result or
+    error, goes to pyarrow."""
+    if pack is not None and values:  # (pyarrow types no values as null)
+        module = _speedups.module
+        if module is not None:
+            packed = module.pack_column(values, pack)
+            if packed is not None:
+                column_type = pa.int64() if pack == "q" else pa.float64()
+                return pa.Array.from_buffers(column_type, len(values), [None, pa.py_buffer(packed)])
+    if t is None:
+        return pa.array(values)
+    return pa.array(values, type=t)
 
 
 def _converts_directly(t: pa.DataType) -> bool:

@@ -496,7 +496,55 @@ def test_a_c_module_of_another_version_is_not_used(monkeypatch, caplog):
         assert speedups_switch._load() is None
     assert "built from another version" in caplog.text
     old.ABI = speedups_switch.ABI  # type: ignore[attr-defined]
-    old.map_columns = lambda *args: None  # type: ignore[attr-defined]
+    assert speedups_switch._load() is None  # lacks functions
+    old.map_columns = old.pack_column = lambda *args: None  # type: ignore[attr-defined]
     assert speedups_switch._load() is old
     monkeypatch.setenv(speedups_switch.DISABLE_ENV, "1")
     assert speedups_switch._load() is None
+
+
+class _Int(int):
+    """An int of another type: pyarrow converts it; the C packer leaves it to pyarrow."""
+
+
+def _column_values(rng: random.Random, pack: str) -> list:
+    import numpy as np
+
+    if pack == "q":
+        pool = [0, 1, -1, 2**63 - 1, -(2**63), 7, 123456789012]
+        odd = [2**63, -(2**63) - 1, True, None, 1.5, _Int(3), np.int64(4), "1"]
+    else:
+        pool = [0.0, -0.0, 1.5, float("nan"), float("inf"), -1e308, 5e-324]
+        odd = [1, True, None, np.float64(2.5), "x", _Int(2)]
+    values = [rng.choice(pool) for _ in range(rng.randrange(0, 20))]
+    if values and rng.random() < 0.5:
+        values[rng.randrange(len(values))] = rng.choice(odd)
+    return values
+
+
+def _array_outcome(build) -> object:
+    try:
+        array = build()
+    except Exception as exc:  # noqa: BLE001 - compared as an outcome
+        return type(exc), str(exc)
+    return array.type, array.null_count, array.to_pylist().__repr__(), array.buffers()[0]
+
+
+@pytest.mark.parametrize("seed", range(80))
+def test_a_packed_column_is_the_array_pyarrow_builds(seed, speedups, monkeypatch):
+    """Every list the C packer takes gives the array ``pa.array`` gives (inferred for an
+    int64 column, converted to float64 for a float64 one); every other list goes to
+    pyarrow, with its result or error."""
+    from rayflow.runtime.records import _array
+
+    rng = random.Random(seed)
+    pack = "q" if seed % 2 else "d"
+    t = None if pack == "q" else pa.float64()
+    values = _column_values(rng, pack)
+    monkeypatch.setattr(speedups_switch, "module", speedups)
+    packed = _array_outcome(lambda: _array(list(values), t, pack))
+    expected = _array_outcome(lambda: pa.array(list(values), type=t))
+    assert packed == expected
+    packs = speedups.pack_column(list(values), pack)
+    if packs is not None:  # only lists of exact ints (floats)
+        assert all(type(v) is (int if pack == "q" else float) for v in values)
