@@ -10,11 +10,10 @@ per column. The first value that is not a plain dict of exactly the schema's key
 them ``str`` (a ``str`` or None in a text column, ``bytes`` or None in a binary one), stops
 the loop and is handed back; the map emits it, and the records after it, as records.
 Without the C module a map takes the record path only.
-
-One difference is by design: with object reuse on (nothing copied), a function that
-returns one dict it keeps changing emits, on the record path, that dict as it is when the
-batch is built (the last value, every time), and through the columns each value as it was
-when returned, as a keyed reduce's loop does.
+With object reuse on (nothing copied) a map takes the record path only: a function that
+returns one dict it keeps changing emits there that dict as it is when the batch is built
+(as Flink's object reuse does), where the columns would take each value as returned, and a
+map must emit the same with and without the C module.
 """
 
 from __future__ import annotations

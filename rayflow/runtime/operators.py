@@ -72,6 +72,7 @@ from rayflow.runtime.records import (
     OutputRecords,
     batch_to_columns,
     batch_to_rows,
+    column_values,
     iter_columns,
 )
 from rayflow.runtime.reduce_loop import END, ReduceLoop, reduce_loop
@@ -341,6 +342,11 @@ class MapOperator(_UserFunctionOperator):
         schema = out.schema
         if not out.settled or schema is None or not batch.num_rows:
             return None
+        if self.context.object_reuse:
+            # object reuse: the record path emits a dict the function keeps changing as
+            # it is when the batch is built; so must a map without the C module, so the
+            # records do not go through the columns (which take each value as returned)
+            return None
         inputs = batch.schema.names
         signature = (schema, inputs)
         if self._loop_for != signature:
@@ -369,7 +375,7 @@ class MapOperator(_UserFunctionOperator):
         assert schema is not None
         columns = Columns(tuple(schema.names), [[] for _ in schema.names])
         try:
-            row, value = loop(self._call, columns.lists, *(c.to_pylist() for c in batch.columns))
+            row, value = loop(self._call, columns.lists, *map(column_values, batch.columns))
         except StopIteration as exc:
             raise _stopped(self._out.what) from exc
         if value is END:
@@ -590,7 +596,7 @@ class KeyedReduceOperator(_KeyedOperator):
                 backend.set_current_key,
                 columns.lists,
                 where,
-                *(column.to_pylist() for column in batch.columns),
+                *map(column_values, batch.columns),
             )
         except Exception as exc:
             error = self._failed(where[1], exc)

@@ -48,6 +48,7 @@ from rayflow.runtime import speedups as _speedups
 __all__ = [
     "batch_to_rows",
     "batch_to_columns",
+    "column_values",
     "iter_columns",
     "rows_to_batch",
     "rows_to_batches",
@@ -271,7 +272,7 @@ class OutputRecords:
         packs: list[str | None] = []
         for name in names:
             index = schema.get_field_index(name) if schema is not None else -1
-            packs.append(_PACKED.get(schema.field(index).type) if index >= 0 else None)
+            packs.append(_packed_kind(schema.field(index).type) if index >= 0 else None)
         return packs
 
     def _unified(self, rows: list[Any]) -> pa.RecordBatch:
@@ -454,8 +455,15 @@ def _holds_null_type(t: pa.DataType) -> bool:
 _DIRECT = (pa.float64(), pa.bool_(), pa.string(), pa.large_string())
 
 
-#: column types whose values the C module packs (:func:`_array`), by its kind letter
-_PACKED = {pa.int64(): "q", pa.float64(): "d"}
+def _packed_kind(t: pa.DataType) -> str | None:
+    """The kind letter of the C module's packing for a column of type ``t``: ``"q"`` for
+    int64, ``"d"`` for float64, None for any other type (an extension type over either
+    included: such a type may not even hash)."""
+    if pa.types.is_int64(t):
+        return "q"
+    if pa.types.is_float64(t):
+        return "d"
+    return None
 
 
 def _array(values: list[Any], t: pa.DataType | None, pack: str | None = None) -> pa.Array:
@@ -475,6 +483,19 @@ def _array(values: list[Any], t: pa.DataType | None, pack: str | None = None) ->
     if t is None:
         return pa.array(values)
     return pa.array(values, type=t)
+
+
+def column_values(array: pa.Array) -> list[Any]:
+    """``array.to_pylist()``: an int64 or float64 column with no nulls read by the C module
+    where it is loaded (the same values, without pyarrow's conversion per value)."""
+    module = _speedups.module
+    if module is not None and not array.null_count:
+        kind = _packed_kind(array.type)
+        if kind is not None:
+            data = array.buffers()[1]
+            if data is not None:
+                return module.unpack_column(data, array.offset, len(array), kind)
+    return array.to_pylist()
 
 
 def _converts_directly(t: pa.DataType) -> bool:

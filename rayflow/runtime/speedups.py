@@ -21,8 +21,8 @@ _log = logging.getLogger(__name__)
 #: the version of the C functions' arguments and results this Python code calls; a module
 #: built from another version (an older build left in place by an editable install) is
 #: not used
-ABI = 3
-_FUNCTIONS = ("reduce_columns", "map_columns", "pack_column")
+ABI = 4
+_FUNCTIONS = ("reduce_columns", "map_columns", "pack_column", "unpack_column")
 
 #: set to anything but ``0``: the loops run in Python
 DISABLE_ENV = "RAYFLOW_NO_SPEEDUPS"
