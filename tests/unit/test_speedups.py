@@ -632,3 +632,12 @@ def test_a_declared_extension_type_over_int64_converts_as_before(operator, speed
     assert [r["cents"] for r in outcomes[0]] == (
         [r["cents"] for r in rows] if operator == "map" else [0, 100, 200, 400, 600, 900]
     )
+
+
+def test_rayflow_loads_the_built_module(speedups, monkeypatch):
+    """The loader rayflow's processes use takes the module the tests were given (CI
+    requires it to be built: RAYFLOW_REQUIRE_SPEEDUPS)."""
+    monkeypatch.delenv(speedups_switch.DISABLE_ENV, raising=False)
+    assert speedups_switch._load() is speedups
+    monkeypatch.setenv(speedups_switch.DISABLE_ENV, "0")
+    assert speedups_switch._load() is speedups
