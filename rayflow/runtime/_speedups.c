@@ -409,7 +409,8 @@ pack_column(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     const char *kind = PyUnicode_AsUTF8(args[1]);
     if (kind == NULL)
         return NULL;
-    int ints = kind[0] == 'q' && kind[1] == '\0', floats = kind[0] == 'd' && kind[1] == '\0';
+    int one = PyUnicode_GET_LENGTH(args[1]) == 1;
+    int ints = one && kind[0] == 'q', floats = one && kind[0] == 'd';
     if (!ints && !floats) {
         PyErr_SetString(PyExc_ValueError, "pack_column: kind is \"q\" or \"d\"");
         return NULL;
@@ -472,7 +473,8 @@ unpack_column(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     const char *kind = PyUnicode_AsUTF8(args[3]);
     if (kind == NULL)
         return NULL;
-    int ints = kind[0] == 'q' && kind[1] == '\0', floats = kind[0] == 'd' && kind[1] == '\0';
+    int one = PyUnicode_GET_LENGTH(args[3]) == 1;
+    int ints = one && kind[0] == 'q', floats = one && kind[0] == 'd';
     if (!ints && !floats) {
         PyErr_SetString(PyExc_ValueError, "unpack_column: kind is \"q\" or \"d\"");
         return NULL;

@@ -486,14 +486,17 @@ def _array(values: list[Any], t: pa.DataType | None, pack: str | None = None) ->
 
 
 def column_values(array: pa.Array) -> list[Any]:
-    """``array.to_pylist()``: an int64 or float64 column with no nulls read by the C module
-    where it is loaded (the same values, without pyarrow's conversion per value)."""
+    """``array.to_pylist()``: an int64 or float64 column without a validity bitmap read by
+    the C module where it is loaded (the same values, without pyarrow's conversion per
+    value)."""
     module = _speedups.module
-    if module is not None and not array.null_count:
+    if module is not None and len(array) and not array.null_count:
         kind = _packed_kind(array.type)
         if kind is not None:
-            data = array.buffers()[1]
-            if data is not None:
+            validity, data = array.buffers()
+            # no validity bitmap at all: an array whose bitmap and null count disagree
+            # (one a faulty producer made) reads as pyarrow reads it
+            if validity is None and data is not None:
                 return module.unpack_column(data, array.offset, len(array), kind)
     return array.to_pylist()
 

@@ -641,3 +641,27 @@ def test_rayflow_loads_the_built_module(speedups, monkeypatch):
     assert speedups_switch._load() is speedups
     monkeypatch.setenv(speedups_switch.DISABLE_ENV, "0")
     assert speedups_switch._load() is speedups
+
+
+def test_kinds_are_one_letter(speedups):
+    data = pa.array([1], pa.int64()).buffers()[1]
+    for bad in ("q\x00junk", "qq", ""):
+        with pytest.raises(ValueError, match="kind"):
+            speedups.unpack_column(data, 0, 1, bad)
+        with pytest.raises(ValueError, match="kind"):
+            speedups.pack_column([1], bad)
+
+
+def test_an_empty_column_or_one_with_a_validity_bitmap_reads_as_to_pylist_reads_it(
+    speedups, monkeypatch
+):
+    """Review schedules: an empty array whose offset lies past its buffer (the module
+    refused it), and an array with a validity bitmap: read by pyarrow."""
+    from rayflow.runtime.records import column_values
+
+    monkeypatch.setattr(speedups_switch, "module", speedups)
+    empty = pa.Array.from_buffers(pa.int64(), 0, [None, pa.py_buffer(b"")], offset=5)
+    assert column_values(empty) == []
+    sliced = pa.array([None, 1, 2], pa.int64()).slice(1)  # a bitmap, no nulls
+    assert sliced.null_count == 0 and sliced.buffers()[0] is not None
+    assert column_values(sliced) == [1, 2]
