@@ -193,6 +193,53 @@ record_of(PyObject *inputs, PyObject **items)
     return record;
 }
 
+/* The record of a row, for the next row's: ``record`` itself (to be filled by
+ * refill()) where nothing but the loop holds it, nothing can reach it (not tracked by the
+ * collector: gc.get_objects() does not list it) and it has exactly the keys ``inputs``
+ * (the same objects, in order) -- as zip() reuses its result tuple; else NULL, with
+ * ``record`` released. A record built anew could not be told from it. */
+static PyObject *
+spare_of(PyObject *record, PyObject *inputs)
+{
+    Py_ssize_t n_in = PyTuple_GET_SIZE(inputs);
+    if (Py_REFCNT(record) == 1 && PyDict_CheckExact(record) && !PyObject_GC_IsTracked(record)
+        && PyDict_GET_SIZE(record) == n_in) {
+        Py_ssize_t pos = 0, j = 0;
+        PyObject *k, *v;
+        while (PyDict_Next(record, &pos, &k, &v) && j < n_in && k == PyTuple_GET_ITEM(inputs, j))
+            j++;
+        if (j == n_in)
+            return record;
+    }
+    Py_DECREF(record);
+    return NULL;
+}
+
+/* ``spare`` (from spare_of) holding ``items``: {inputs[j]: items[j]} as record_of()
+ * builds it, the spare taken over (NULL: released); or record_of() where there is none. */
+static PyObject *
+refill(PyObject *spare, PyObject *inputs, PyObject **items)
+{
+    if (spare == NULL)
+        return record_of(inputs, items);
+    /* a value replaced may run Python code when released (an object's __del__); nothing
+     * but this loop reaches the record meanwhile */
+    for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(inputs); j++) {
+        if (PyDict_SetItem(spare, PyTuple_GET_ITEM(inputs, j), items[j]) < 0) {
+            Py_DECREF(spare);
+            return NULL;
+        }
+    }
+    if (Py_REFCNT(spare) != 1 || PyDict_GET_SIZE(spare) != PyTuple_GET_SIZE(inputs)
+        || PyObject_GC_IsTracked(spare)) {
+        /* cannot be (an item's __del__ cannot reach the record), but a record held
+         * elsewhere or of other keys must never be handed on */
+        Py_DECREF(spare);
+        return record_of(inputs, items);
+    }
+    return spare;
+}
+
 /* table.get(key) as a new reference (None where absent); NULL on an error */
 static PyObject *
 table_get(PyObject *table, PyObject *key)
@@ -248,11 +295,13 @@ reduce_columns(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     Py_INCREF(previous);
     hold_outs(lists, outs);
 
+    PyObject *spare = NULL; /* the record of the row before, where it may be reused */
     for (Py_ssize_t row = 0; take_row(columns, row, items); row++) {
         /* key = i<key_index>; record = {inputs[0]: i0, ...} */
         Py_INCREF(items[key_index]);
         Py_SETREF(key, items[key_index]);
-        PyObject *record = record_of(inputs, items);
+        PyObject *record = refill(spare, inputs, items);
+        spare = NULL;
         release(items, n_in);
         if (record == NULL)
             goto done;
@@ -297,7 +346,7 @@ reduce_columns(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         else {
             PyObject *call_args[2] = {previous, record};
             value = PyObject_Vectorcall(call, call_args, 2, NULL);
-            Py_DECREF(record);
+            spare = spare_of(record, inputs);
             if (value == NULL) {
                 Py_DECREF(table);
                 goto done;
@@ -335,6 +384,7 @@ done:
         PyList_SetItem(where, 1, previous);
         PyErr_Restore(type, exc, traceback);
     }
+    Py_XDECREF(spare);
     Py_DECREF(key);
     Py_DECREF(previous);
     release(outs, n_out);
@@ -364,14 +414,16 @@ map_columns(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     PyObject *outs[MAX_COLUMNS], *items[MAX_COLUMNS], *result = NULL;
     Py_ssize_t n_in = PyTuple_GET_SIZE(inputs), n_out = PyTuple_GET_SIZE(names), row = 0;
+    PyObject *spare = NULL; /* the record of the row before, where it may be reused */
     hold_outs(lists, outs);
     for (; take_row(columns, row, items); row++) {
-        PyObject *record = record_of(inputs, items);
+        PyObject *record = refill(spare, inputs, items);
+        spare = NULL;
         release(items, n_in);
         if (record == NULL)
             goto done;
         PyObject *value = PyObject_CallOneArg(call, record);
-        Py_DECREF(record);
+        spare = spare_of(record, inputs);
         if (value == NULL)
             goto done;
         int taken = take_apart(value, names, checks, outs, 1);
@@ -385,6 +437,7 @@ map_columns(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     }
     result = Py_BuildValue("(nO)", row, end);
 done:
+    Py_XDECREF(spare);
     release(outs, n_out);
     return result;
 }

@@ -24,7 +24,7 @@ from typing import Any
 import pyarrow as pa
 
 from rayflow.runtime import speedups as _speedups
-from rayflow.runtime.reduce_loop import END, check_types, column_checks
+from rayflow.runtime.reduce_loop import END, check_types, column_checks, interned
 
 __all__ = ["END", "MapLoop", "map_loop"]
 
@@ -44,7 +44,7 @@ def map_loop(inputs: tuple[str, ...], schema: pa.Schema) -> MapLoop | None:
     if max(len(inputs), len(checks)) > _speedups.MAX_COLUMNS:
         return None
     map_columns = speedups.map_columns
-    names = tuple(schema.names)
+    inputs, names = interned(inputs), interned(tuple(schema.names))
     types = check_types(checks)
 
     def loop(call: Any, lists: list[list[Any]], *columns: list[Any]) -> tuple[int, Any]:

@@ -30,6 +30,7 @@ handed back, without the interpreter's cost per step.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -38,7 +39,7 @@ import pyarrow as pa
 from rayflow.runtime import speedups as _speedups
 from rayflow.runtime.record_copy import is_flat
 
-__all__ = ["END", "ReduceLoop", "check_types", "column_checks", "reduce_loop"]
+__all__ = ["END", "ReduceLoop", "check_types", "column_checks", "interned", "reduce_loop"]
 
 #: What a loop hands back when every pair was reduced and emitted into the columns.
 END = object()
@@ -93,6 +94,13 @@ def check_types(checks: tuple[str | None, ...]) -> tuple[type | None, ...]:
     return tuple(None if check is None else _CHECK_TYPES[check] for check in checks)
 
 
+def interned(names: tuple[str, ...]) -> tuple[str, ...]:
+    """``names`` as the strings Python's own code uses for the same names (``sys.intern``):
+    a dict lookup of a name written in a function (``b["value"]``) then finds a record's
+    key by identity instead of comparing characters. A schema's names are new strings."""
+    return tuple(sys.intern(name) if type(name) is str else name for name in names)
+
+
 def reduce_loop(
     inputs: tuple[str, ...], key: int, schema: pa.Schema, sets_key: bool
 ) -> ReduceLoop | None:
@@ -129,6 +137,7 @@ def _in_c(
     """The loop :func:`_compile` builds, run by ``speedups.reduce_columns``."""
     reduce_columns = speedups.reduce_columns
     types = check_types(checks)
+    inputs, names = interned(inputs), interned(names)
 
     def reduce_loop(
         tables: Any,
