@@ -114,10 +114,21 @@ def test_records_are_built_a_slice_at_a_time_once_the_schema_is_settled(kind: st
 
     op._out.build = counting
     op.process(numbers())
-    assert calls == [ROWS], "the first batch infers the schema whole"
+    # the first slice settles the schema: the slices after it are built in it
+    assert calls == [8192, 8192, 8192, 8192, ROWS - 4 * 8192]
     calls.clear()
     op.process(numbers(start=ROWS))
     assert calls == [8192, 8192, 8192, 8192, ROWS - 4 * 8192]
+
+
+def test_a_first_slice_that_settles_no_schema_leaves_the_first_batch_whole() -> None:
+    op = opened(MapOperator(lambda r: {"x": None if r["value"] < 8192 else 1}))
+    calls: list[int] = []
+    build = op._out.build
+    op._out.build = lambda rows: calls.append(len(rows)) or build(rows)
+    out = op.process(numbers())
+    assert calls == [8192, ROWS], "the first slice holds a null type: the batch whole"
+    assert out[0].schema.field("x").type == pa.int64()
 
 
 def test_a_key_none_in_the_first_slice_and_set_later_is_typed_by_the_whole_batch() -> None:
@@ -227,16 +238,91 @@ MIXED = {
 }
 
 
+@pytest.mark.parametrize("settled_first", [True, False])
 @pytest.mark.parametrize("case", sorted(MIXED))
 def test_a_slice_s_values_are_typed_as_the_whole_batch_types_them(
-    case: str, monkeypatch: pytest.MonkeyPatch
+    case: str, settled_first: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """As a settled schema's batch, so the first batch, whose first slice's schema the
+    slices after it would not take: what the whole batch gives."""
     fn, output_type = MIXED[case]
-    whole, sliced = _whole_and_sliced(
-        lambda: MapOperator(fn, output_type), [numbers(10), numbers(), numbers()], monkeypatch
-    )
-    assert all(isinstance(out, list) for out in whole[:3]), whole  # the whole batch took them
+    batches = [numbers(10), numbers(), numbers()] if settled_first else [numbers(), numbers()]
+    whole, sliced = _whole_and_sliced(lambda: MapOperator(fn, output_type), batches, monkeypatch)
+    assert all(isinstance(out, list) for out in whole[:-1]), whole  # the whole batch took them
     assert sliced == whole
+
+
+#: values of a kind, for a record's number ``v``; the random outputs below draw a kind per
+#: key and part of the first batch
+_KINDS: dict[str, Any] = {
+    "int": lambda v: v,
+    "big int": lambda v: 2**63 + v,
+    "negative": lambda v: -v,
+    "float": lambda v: v / 2,
+    "integral float": lambda v: float(v),
+    "none": lambda v: None,
+    "str": lambda v: str(v),
+    "bytes": lambda v: b"%d" % v,
+    "bool": lambda v: v % 2 == 0,
+    "decimal": lambda v: Decimal(v) / 4,
+    "date": lambda v: datetime.date(2020, 1, 1 + v % 28),
+    "naive": lambda v: datetime.datetime(2020, 1, 1, v % 24),
+    "aware": lambda v: datetime.datetime(2020, 1, 1, v % 24, tzinfo=UTC),
+    "int list": lambda v: [v, 1],
+    "float list": lambda v: [v / 2],
+    "empty list": lambda v: [],
+    "struct int": lambda v: {"f": v},
+    "struct float": lambda v: {"f": v / 2},
+    "struct more": lambda v: {"f": v, "g": "x"},
+    "missing": lambda v: _MISSING,
+}
+_MISSING = object()
+
+
+def _random_output(seed: int) -> Any:
+    """A map function whose output's keys take values of kinds drawn per key, for the
+    first slice of the first batch, the rest of it, and a few rows anywhere."""
+    import random
+
+    rng = random.Random(seed)
+    kinds = sorted(_KINDS)
+    keys = [f"k{i}" for i in range(rng.randrange(1, 4))]
+    plan = {
+        key: (rng.choice(kinds), rng.choice(kinds), rng.choice(kinds), rng.randrange(ROWS))
+        for key in keys
+    }
+    if rng.random() < 0.5:  # most keys keep one kind
+        for key in keys[1:]:
+            kind = rng.choice(kinds[:6])
+            plan[key] = (kind, kind, kind, 0)
+
+    def fn(r: dict[str, Any]) -> Any:
+        v = r["value"]
+        out = {}
+        for key, (early, late, odd, at) in plan.items():
+            kind = odd if v % ROWS == at else early if v % ROWS < 8192 else late
+            value = _KINDS[kind](v)
+            if value is not _MISSING:
+                out[key] = value
+        return out
+
+    return fn
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_a_first_batch_in_slices_gives_what_it_gives_whole(
+    seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Random outputs whose values change kind after the first slice, or in one row: the
+    first batch (its first slice settling the schema), and the one after it, give the
+    batches, or the error, and the state that each gives taken whole."""
+    fn = _random_output(seed)
+    for make in (
+        lambda: MapOperator(fn),
+        lambda: KeyedReduceOperator(KeySelector("key"), lambda a, b: {**fn(b), "key": a["key"]}),
+    ):
+        whole, sliced = _whole_and_sliced(make, [numbers(), numbers(start=ROWS)], monkeypatch)
+        assert sliced == whole
 
 
 @pytest.mark.parametrize("kind", ["flat_map", "process"])
