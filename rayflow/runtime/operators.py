@@ -242,63 +242,38 @@ Records = tuple[list[Any] | Columns, list[int] | None]
 def _process_records(op: Any, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
     """A per-record operator's ``process``: ``op._records(batch)`` calls its function on
     each record and gathers what it emitted; the records are built into a batch of the
-    output's schema. A big batch's records are gathered and built a slice at a time, and
-    leave as one batch. Before the output's schema is known, the first slice's records
-    settle it for the slices after them (which may then take the compiled loops).
+    output's schema. Once that schema is settled a big batch's records are gathered and
+    built a slice at a time, and leave as one batch; until then a whole batch infers the
+    schema, as it always did.
 
     The batch out is the one the whole batch's records build. Arrow types a column by the
     values it sees together (a slice of only ints for a decimal column, or of only naive
     datetimes for an aware one, is typed apart from the batch's first values), so where a
     slice's records do not build, or the slices do not join, the batch is built whole
-    (:func:`_as_whole`): what the whole batch gives, batch or error, it gives. Where the
-    schema was taken from this batch's first slice, it is then forgotten and the whole
-    batch's records infer it, as they did before any slice; so too where the first
-    slice's schema holds a null type (not settled)."""
+    (:func:`_as_whole`): what the whole batch gives, batch or error, it gives."""
     rows = batch.num_rows
     step = slice_rows(batch)
-    output = op._out
-    if rows <= step or (not output.settled and output.schema is not None):
+    if rows <= step or not op._out.settled:
         records, stamps = op._records(batch)
-        return attach_timestamps(output.build(records), stamps)
-    # Where this batch's first slice settles the schema, the records of its slices are
-    # kept until it is built: the whole batch is then built from them, not from batches.
-    first = output.schema is None
-    kept: list[Records] = []
+        return attach_timestamps(op._out.build(records), stamps)
     out: list[pa.RecordBatch] = []
     for offset in range(0, rows, step):
         records, stamps = op._records(batch.slice(offset, step))
         try:
-            out.extend(attach_timestamps(output.build(records), stamps))
-            built = output.settled
-        except Exception:  # noqa: BLE001 - the whole batch says what is wrong, if anything
-            built = False
-        if built:
-            if first:
-                kept.append((records, stamps))
+            out.extend(attach_timestamps(op._out.build(records), stamps))
             continue
+        except Exception:  # noqa: BLE001 - the whole batch says what is wrong, if anything
+            pass
         # (outside the except: an error of the whole batch is raised as its own)
         rest = (op._records(batch.slice(at, step)) for at in range(offset + step, rows, step))
-        return _rebuilt(op, first, out, [*kept, (records, stamps), *rest])
+        return _as_whole(op, out, [(records, stamps), *rest])
     if len(out) <= 1:
         return out
     try:
         return [_join(out)]
     except pa.ArrowException:  # e.g. more distinct values than a dictionary's index counts
         pass
-    return _rebuilt(op, first, out, kept)
-
-
-def _rebuilt(
-    op: Any, first: bool, done: list[pa.RecordBatch], records: Iterable[Records]
-) -> list[pa.RecordBatch]:
-    """:func:`_as_whole` for a batch whose slices did not build or join: where its first
-    slice settled the schema (``first``), the schema is forgotten and the batch built from
-    ``records``, every slice's; else from the batches ``done`` and the slices' ``records``
-    after them."""
-    if first:
-        op._out.forget_schema()
-        return _as_whole(op, [], records)
-    return _as_whole(op, done, records)
+    return _as_whole(op, out, [])
 
 
 def _as_whole(op: Any, done: list[pa.RecordBatch], rest: Iterable[Records]) -> list[pa.RecordBatch]:

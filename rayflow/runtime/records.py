@@ -178,15 +178,6 @@ class OutputRecords:
         self._types: list[pa.DataType | None] = []
         self._packs: list[str | None] = []
 
-    def forget_schema(self) -> None:
-        """Forgets a schema taken from a batch (not a declared one): the next batch built
-        infers it again, as the first did."""
-        if self.declared:
-            raise RuntimeError(f"{self.what}: a declared output schema is kept")
-        self.schema = None
-        self.settled = False
-        self._names = ()
-
     # --- batches --------------------------------------------------------------------------
 
     def build(self, rows: list[Any] | Columns) -> list[pa.RecordBatch]:

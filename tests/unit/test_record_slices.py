@@ -114,21 +114,10 @@ def test_records_are_built_a_slice_at_a_time_once_the_schema_is_settled(kind: st
 
     op._out.build = counting
     op.process(numbers())
-    # the first slice settles the schema: the slices after it are built in it
-    assert calls == [8192, 8192, 8192, 8192, ROWS - 4 * 8192]
+    assert calls == [ROWS], "the first batch infers the schema whole"
     calls.clear()
     op.process(numbers(start=ROWS))
     assert calls == [8192, 8192, 8192, 8192, ROWS - 4 * 8192]
-
-
-def test_a_first_slice_that_settles_no_schema_leaves_the_first_batch_whole() -> None:
-    op = opened(MapOperator(lambda r: {"x": None if r["value"] < 8192 else 1}))
-    calls: list[int] = []
-    build = op._out.build
-    op._out.build = lambda rows: calls.append(len(rows)) or build(rows)
-    out = op.process(numbers())
-    assert calls == [8192, ROWS], "the first slice holds a null type: the batch whole"
-    assert out[0].schema.field("x").type == pa.int64()
 
 
 def test_a_key_none_in_the_first_slice_and_set_later_is_typed_by_the_whole_batch() -> None:
@@ -235,6 +224,15 @@ MIXED = {
         lambda r: {"s": {"f": _later(r["value"], 1.5, True)}},
         None,
     ),
+    "decimals of a wider scale": (
+        lambda r: {"d": _later(r["value"], Decimal("1.5"), Decimal("2.50"))},
+        None,
+    ),
+    "a struct field None only later": (
+        lambda r: {"s": _later(r["value"], {"a": 1}, {"a": 2, "b": None})},
+        None,
+    ),
+    "bytes after str": (lambda r: {"t": _later(r["value"], "x", b"y")}, None),
 }
 
 
@@ -243,8 +241,10 @@ MIXED = {
 def test_a_slice_s_values_are_typed_as_the_whole_batch_types_them(
     case: str, settled_first: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """As a settled schema's batch, so the first batch, whose first slice's schema the
-    slices after it would not take: what the whole batch gives."""
+    """A settled schema's batch in slices gives what it gives whole; and a first batch
+    is taken whole (its first slice's schema would type the slices after it apart from
+    what the whole batch infers: a decimal's scale, a struct field that is None only
+    later, bytes after str)."""
     fn, output_type = MIXED[case]
     batches = [numbers(10), numbers(), numbers()] if settled_first else [numbers(), numbers()]
     whole, sliced = _whole_and_sliced(lambda: MapOperator(fn, output_type), batches, monkeypatch)
@@ -310,12 +310,12 @@ def _random_output(seed: int) -> Any:
 
 
 @pytest.mark.parametrize("seed", range(60))
-def test_a_first_batch_in_slices_gives_what_it_gives_whole(
+def test_random_outputs_in_slices_give_what_they_give_whole(
     seed: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Random outputs whose values change kind after the first slice, or in one row: the
-    first batch (its first slice settling the schema), and the one after it, give the
-    batches, or the error, and the state that each gives taken whole."""
+    first batch, and the one after it (in slices, in the schema the first settled), give
+    the batches, or the error, and the state that each gives taken whole."""
     fn = _random_output(seed)
     for make in (
         lambda: MapOperator(fn),
