@@ -216,14 +216,27 @@ spare_of(PyObject *record, PyObject *inputs)
 }
 
 /* ``spare`` (from spare_of) holding ``items``: {inputs[j]: items[j]} as record_of()
- * builds it, the spare taken over (NULL: released); or record_of() where there is none. */
+ * builds it, the spare taken over (NULL: released); or record_of() where there is none,
+ * and where an item is of a type the collector may track (the record would be tracked
+ * while a value it replaces is released, and gc.get_objects() would show it half
+ * filled). */
 static PyObject *
 refill(PyObject *spare, PyObject *inputs, PyObject **items)
 {
     if (spare == NULL)
         return record_of(inputs, items);
-    /* a value replaced may run Python code when released (an object's __del__); nothing
-     * but this loop reaches the record meanwhile */
+    for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(inputs); j++) {
+        if (PyType_IS_GC(Py_TYPE(items[j]))) {
+            /* as the Python loop: the record before is released once this one is built
+             * (untracked, held by this loop alone: no code reaches it) */
+            PyObject *record = record_of(inputs, items);
+            Py_DECREF(spare);
+            return record;
+        }
+    }
+    /* a value replaced may run Python code when released (an object's __del__, a weak
+     * reference's callback); the record stays untracked, and nothing but this loop
+     * reaches it meanwhile */
     for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(inputs); j++) {
         if (PyDict_SetItem(spare, PyTuple_GET_ITEM(inputs, j), items[j]) < 0) {
             Py_DECREF(spare);

@@ -371,6 +371,70 @@ def test_bad_arguments_are_refused_not_read(speedups):
 # --- review schedules -------------------------------------------------------------------
 
 
+_REFILLED = ("k", "l", "v", "w")
+_REFILLED_COLUMNS = [[1, 1, 1], [None, None, [7]], [10, 20, 30], [100, 200, 300]]
+
+
+def _finding_function(seen: list, reduce: bool):
+    """A function that, on its second call, puts into the record an object the collector
+    does not track (a numpy array) whose release looks for the record in
+    ``gc.get_objects()``: the next row's list (a tracked item) makes a record refilled in
+    place tracked before the array is released."""
+    import weakref
+
+    import numpy as np
+
+    calls = [0]
+
+    def function(*args):
+        b = args[-1]
+        calls[0] += 1
+        seen.append(("call", dict(b)))
+        if calls[0] == 2:
+            target = id(b)
+            array = np.zeros(1)
+
+            def released(_ref):
+                seen.extend(("found", dict(o)) for o in gc.get_objects() if id(o) == target)
+
+            seen.append(weakref.ref(array, released))  # held until the loop ends
+            b["v"] = array
+        return {"k": b["k"], "v": 0, "s": None}
+
+    return function
+
+
+@pytest.mark.parametrize("loop_kind", ["reduce", "map"])
+def test_a_record_is_never_seen_half_refilled(loop_kind, speedups, monkeypatch):
+    outcomes = []
+    for module in (None, speedups):
+        monkeypatch.setattr(speedups_switch, "module", module)
+        seen: list = []
+        columns = [list(c) for c in _REFILLED_COLUMNS]
+        if loop_kind == "reduce":
+            loop = reduce_loop(_REFILLED, 0, SCHEMA, False)
+            tables: dict = {1: {1: {"k": 1, "v": 0, "s": None}}}  # the key's state is there
+            loop(
+                tables,
+                None,
+                "r",
+                _finding_function(seen, True),
+                None,
+                [[], [], []],
+                [None, None],
+                *columns,
+            )
+        elif module is None:  # the record path: one new record per row
+            function = _finding_function(seen, False)
+            for row in zip(*columns):
+                function(dict(zip(_REFILLED, row)))
+        else:
+            loop = map_loop(_REFILLED, SCHEMA)
+            loop(_finding_function(seen, False), [[], [], []], *columns)
+        outcomes.append([s for s in seen if isinstance(s, tuple)])
+    assert outcomes[1] == outcomes[0]
+
+
 def _empty_lists_holding(value, length) -> None:
     """What a function can do with gc.get_referrers: empty every list of ``length`` or
     more items that holds ``value``, and every list of two holding such a list."""
