@@ -193,66 +193,6 @@ record_of(PyObject *inputs, PyObject **items)
     return record;
 }
 
-/* The record of a row, for the next row's: ``record`` itself (to be filled by
- * refill()) where nothing but the loop holds it, nothing can reach it (not tracked by the
- * collector: gc.get_objects() does not list it) and it has exactly the keys ``inputs``
- * (the same objects, in order) -- as zip() reuses its result tuple; else NULL, with
- * ``record`` released. A record built anew could not be told from it. */
-static PyObject *
-spare_of(PyObject *record, PyObject *inputs)
-{
-    Py_ssize_t n_in = PyTuple_GET_SIZE(inputs);
-    if (Py_REFCNT(record) == 1 && PyDict_CheckExact(record) && !PyObject_GC_IsTracked(record)
-        && PyDict_GET_SIZE(record) == n_in) {
-        Py_ssize_t pos = 0, j = 0;
-        PyObject *k, *v;
-        while (PyDict_Next(record, &pos, &k, &v) && j < n_in && k == PyTuple_GET_ITEM(inputs, j))
-            j++;
-        if (j == n_in)
-            return record;
-    }
-    Py_DECREF(record);
-    return NULL;
-}
-
-/* ``spare`` (from spare_of) holding ``items``: {inputs[j]: items[j]} as record_of()
- * builds it, the spare taken over (NULL: released); or record_of() where there is none,
- * and where an item is of a type the collector may track (the record would be tracked
- * while a value it replaces is released, and gc.get_objects() would show it half
- * filled). */
-static PyObject *
-refill(PyObject *spare, PyObject *inputs, PyObject **items)
-{
-    if (spare == NULL)
-        return record_of(inputs, items);
-    for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(inputs); j++) {
-        if (PyType_IS_GC(Py_TYPE(items[j]))) {
-            /* as the Python loop: the record before is released once this one is built
-             * (untracked, held by this loop alone: no code reaches it) */
-            PyObject *record = record_of(inputs, items);
-            Py_DECREF(spare);
-            return record;
-        }
-    }
-    /* a value replaced may run Python code when released (an object's __del__, a weak
-     * reference's callback); the record stays untracked, and nothing but this loop
-     * reaches it meanwhile */
-    for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(inputs); j++) {
-        if (PyDict_SetItem(spare, PyTuple_GET_ITEM(inputs, j), items[j]) < 0) {
-            Py_DECREF(spare);
-            return NULL;
-        }
-    }
-    if (Py_REFCNT(spare) != 1 || PyDict_GET_SIZE(spare) != PyTuple_GET_SIZE(inputs)
-        || PyObject_GC_IsTracked(spare)) {
-        /* cannot be (an item's __del__ cannot reach the record), but a record held
-         * elsewhere or of other keys must never be handed on */
-        Py_DECREF(spare);
-        return record_of(inputs, items);
-    }
-    return spare;
-}
-
 /* table.get(key) as a new reference (None where absent); NULL on an error */
 static PyObject *
 table_get(PyObject *table, PyObject *key)
@@ -308,14 +248,16 @@ reduce_columns(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     Py_INCREF(previous);
     hold_outs(lists, outs);
 
-    PyObject *spare = NULL; /* the record of the row before, where it may be reused */
+    /* the record of the row before, released once this row's is built (as the Python
+     * loop's ``record`` holds it) */
+    PyObject *held = NULL;
     for (Py_ssize_t row = 0; take_row(columns, row, items); row++) {
         /* key = i<key_index>; record = {inputs[0]: i0, ...} */
         Py_INCREF(items[key_index]);
         Py_SETREF(key, items[key_index]);
-        PyObject *record = refill(spare, inputs, items);
-        spare = NULL;
+        PyObject *record = record_of(inputs, items);
         release(items, n_in);
+        Py_CLEAR(held);
         if (record == NULL)
             goto done;
         if (set_key != Py_None) {
@@ -359,7 +301,7 @@ reduce_columns(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         else {
             PyObject *call_args[2] = {previous, record};
             value = PyObject_Vectorcall(call, call_args, 2, NULL);
-            spare = spare_of(record, inputs);
+            held = record;
             if (value == NULL) {
                 Py_DECREF(table);
                 goto done;
@@ -397,7 +339,7 @@ done:
         PyList_SetItem(where, 1, previous);
         PyErr_Restore(type, exc, traceback);
     }
-    Py_XDECREF(spare);
+    Py_XDECREF(held);
     Py_DECREF(key);
     Py_DECREF(previous);
     release(outs, n_out);
@@ -427,16 +369,18 @@ map_columns(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     PyObject *outs[MAX_COLUMNS], *items[MAX_COLUMNS], *result = NULL;
     Py_ssize_t n_in = PyTuple_GET_SIZE(inputs), n_out = PyTuple_GET_SIZE(names), row = 0;
-    PyObject *spare = NULL; /* the record of the row before, where it may be reused */
+    /* the record of the row before, released once this row's is built (as the record
+     * path's loop variable holds it) */
+    PyObject *held = NULL;
     hold_outs(lists, outs);
     for (; take_row(columns, row, items); row++) {
-        PyObject *record = refill(spare, inputs, items);
-        spare = NULL;
+        PyObject *record = record_of(inputs, items);
         release(items, n_in);
+        Py_CLEAR(held);
         if (record == NULL)
             goto done;
         PyObject *value = PyObject_CallOneArg(call, record);
-        spare = spare_of(record, inputs);
+        held = record;
         if (value == NULL)
             goto done;
         int taken = take_apart(value, names, checks, outs, 1);
@@ -450,7 +394,7 @@ map_columns(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     }
     result = Py_BuildValue("(nO)", row, end);
 done:
-    Py_XDECREF(spare);
+    Py_XDECREF(held);
     release(outs, n_out);
     return result;
 }

@@ -88,8 +88,7 @@ def _function(kind: str, seen: list):
             return {"k": a["k"], _BadKey(KeyError): 1, "s": "x"}
         if kind == "eq-raises" and n % 3 == 1:
             return {"k": a["k"], _BadKey(ArithmeticError): 1, "s": "x"}
-        # what the function does to the record it was given (the loop in C reuses a
-        # record nothing else holds for the next row)
+        # what the function does to the record it was given: each row's is a new one
         if kind == "keeps-record" and n % 2:
             seen.append(b)  # held: shows its values as they were given, at the end
         if kind == "changes-record":
@@ -774,3 +773,144 @@ def test_an_empty_column_or_one_with_a_validity_bitmap_reads_as_to_pylist_reads_
     sliced = pa.array([None, 1, 2], pa.int64()).slice(1)  # a bitmap, no nulls
     assert sliced.null_count == 0 and sliced.buffers()[0] is not None
     assert column_values(sliced) == [1, 2]
+
+
+# --- records, each a new one, held as the Python loop holds them ---------------------
+
+_ROW_INPUTS = ("k", "v", "s")
+
+
+def _rows_columns():
+    return [[1, 1, 1], [10, 20, 30], ["a", "b", "c"]]
+
+
+def _run_rows(loop_kind, module, function, monkeypatch):
+    monkeypatch.setattr(speedups_switch, "module", module)
+    columns = _rows_columns()
+    if loop_kind == "reduce":
+        loop = reduce_loop(_ROW_INPUTS, 0, SCHEMA, False)
+        tables = {1: {1: {"k": 1, "v": 0, "s": None}}}  # a previous value: every row calls
+        loop(tables, None, "r", function, None, [[], [], []], [None, None], *columns)
+    elif module is None:  # the map's record path: a new record per row
+        for row in zip(*columns):
+            function(None, dict(zip(_ROW_INPUTS, row)))
+    else:
+        loop = map_loop(_ROW_INPUTS, SCHEMA)
+        loop(lambda b: function(None, b), [[], [], []], *columns)
+
+
+def _iterating_function(seen):
+    calls = [0]
+
+    def function(a, b):
+        calls[0] += 1
+        if calls[0] == 1:
+            # leaves the record with its keys, in order, and no free entry
+            b["x"] = b["y"] = 0
+            del b["x"], b["y"]
+        else:
+            visited = []
+            try:
+                for name in b:
+                    visited.append(name)
+                    if len(visited) == 1:
+                        b["k"] = b.pop("k")  # moved to the end while iterating
+            except RuntimeError as exc:
+                visited.append(str(exc))
+            seen.append(visited)
+        return {"k": 1, "v": 0, "s": None}
+
+    return function
+
+
+@pytest.mark.parametrize("loop_kind", ["reduce", "map"])
+def test_each_row_s_record_iterates_as_a_new_one(loop_kind, speedups, monkeypatch):
+    outcomes = []
+    for module in (None, speedups):
+        seen = []
+        _run_rows(loop_kind, module, _iterating_function(seen), monkeypatch)
+        outcomes.append(seen)
+    assert outcomes[1] == outcomes[0]
+
+
+def _sizing_function(seen):
+    calls = [0]
+
+    def function(a, b):
+        calls[0] += 1
+        if calls[0] == 1:
+            for i in range(1000):
+                b[f"extra{i}"] = i
+            for i in range(1000):
+                del b[f"extra{i}"]
+        seen.append(sys.getsizeof(b))
+        return {"k": 1, "v": 0, "s": None}
+
+    return function
+
+
+@pytest.mark.parametrize("loop_kind", ["reduce", "map"])
+def test_each_row_s_record_has_the_size_of_a_new_one(loop_kind, speedups, monkeypatch):
+    outcomes = []
+    for module in (None, speedups):
+        seen = []
+        _run_rows(loop_kind, module, _sizing_function(seen), monkeypatch)
+        outcomes.append(seen)
+    assert outcomes[1] == outcomes[0]
+
+
+def test_consecutive_records_of_a_reduce_are_distinct_objects(speedups, monkeypatch):
+    """In the Python loop a row's record is built while the one before is still held, so
+    two consecutive records never share an id()."""
+    outcomes = []
+    for module in (None, speedups):
+        ids = []
+
+        def function(a, b, ids=ids):
+            ids.append(id(b))
+            return {"k": 1, "v": 0, "s": None}
+
+        _run_rows("reduce", module, function, monkeypatch)
+        outcomes.append([ids[i] == ids[i - 1] for i in range(1, len(ids))])
+    assert outcomes[1] == outcomes[0]
+
+
+class _Logged:
+    def __init__(self, seen, tables):
+        self.seen, self.tables = seen, tables
+
+    def __del__(self):
+        self.seen.append(("released; state now", repr(self.tables[1][1]["v"])))
+
+
+def test_a_record_the_function_changed_is_released_where_the_python_loop_releases_it(
+    speedups, monkeypatch
+):
+    outcomes = []
+    for module in (None, speedups):
+        monkeypatch.setattr(speedups_switch, "module", module)
+        seen = []
+        tables = {1: {1: {"k": 1, "v": 0, "s": None}}}
+        calls = [0]
+
+        def function(a, b, seen=seen, tables=tables, calls=calls):
+            calls[0] += 1
+            seen.append(("call", calls[0]))
+            b["v"] = _Logged(seen, tables)  # a GC object: the record is tracked
+            return {"k": 1, "v": calls[0], "s": None}
+
+        loop = reduce_loop(_ROW_INPUTS, 0, SCHEMA, False)
+        loop(
+            tables,
+            None,
+            "r",
+            function,
+            None,
+            [[], [], []],
+            [None, None],
+            [1, 1, 1],
+            [10, 20, 30],
+            ["a", "b", "c"],
+        )
+        outcomes.append(seen)
+    assert outcomes[1] == outcomes[0]
