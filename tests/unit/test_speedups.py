@@ -799,6 +799,17 @@ def _run_rows(loop_kind, module, function, monkeypatch):
         loop(lambda b: function(None, b), [[], [], []], *columns)
 
 
+def _seen_by_each_loop(loop_kind, make, speedups, monkeypatch) -> tuple[list, list]:
+    """What the function ``make(seen)`` records in ``seen`` run by the Python loop (or the
+    record path) and by the loop in C."""
+    outcomes = []
+    for module in (None, speedups):
+        seen: list = []
+        _run_rows(loop_kind, module, make(seen), monkeypatch)
+        outcomes.append(seen)
+    return outcomes[0], outcomes[1]
+
+
 def _iterating_function(seen):
     calls = [0]
 
@@ -825,12 +836,8 @@ def _iterating_function(seen):
 
 @pytest.mark.parametrize("loop_kind", ["reduce", "map"])
 def test_each_row_s_record_iterates_as_a_new_one(loop_kind, speedups, monkeypatch):
-    outcomes = []
-    for module in (None, speedups):
-        seen = []
-        _run_rows(loop_kind, module, _iterating_function(seen), monkeypatch)
-        outcomes.append(seen)
-    assert outcomes[1] == outcomes[0]
+    python, c = _seen_by_each_loop(loop_kind, _iterating_function, speedups, monkeypatch)
+    assert c == python
 
 
 def _sizing_function(seen):
@@ -851,12 +858,8 @@ def _sizing_function(seen):
 
 @pytest.mark.parametrize("loop_kind", ["reduce", "map"])
 def test_each_row_s_record_has_the_size_of_a_new_one(loop_kind, speedups, monkeypatch):
-    outcomes = []
-    for module in (None, speedups):
-        seen = []
-        _run_rows(loop_kind, module, _sizing_function(seen), monkeypatch)
-        outcomes.append(seen)
-    assert outcomes[1] == outcomes[0]
+    python, c = _seen_by_each_loop(loop_kind, _sizing_function, speedups, monkeypatch)
+    assert c == python
 
 
 def test_consecutive_records_of_a_reduce_are_distinct_objects(speedups, monkeypatch):
