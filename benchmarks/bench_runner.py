@@ -1,5 +1,6 @@
 """What the rayflow-side benchmark scripts share: starting a local Ray, holding the
-machine-wide benchmark lock, the load average, and the revision being measured.
+machine-wide benchmark lock, the load average, waiting for the CPUs to go quiet between
+runs, and the revision being measured.
 
 Imports Ray (unlike ``peers_common.py``, which the peer engines' venvs import too).
 """
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import ray
 
-__all__ = ["holding", "load1", "load_text", "rayflow_revision", "start_ray"]
+__all__ = ["cpu_busy", "holding", "load1", "load_text", "rayflow_revision", "settle", "start_ray"]
 
 
 def start_ray(attempts: int = 2, rayflow_starts: bool = False) -> None:
@@ -76,6 +77,50 @@ def load1() -> float:
         return os.getloadavg()[0]
     except OSError:
         return math.nan
+
+
+def _cpu_times() -> tuple[int, int] | None:
+    """(busy, total) jiffies of all CPUs since boot, from ``/proc/stat`` (None elsewhere)."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
+def cpu_busy(window_s: float = 0.5) -> float:
+    """The busy share of all CPUs over ``window_s`` (0..1; NaN where unknown)."""
+    before = _cpu_times()
+    time.sleep(window_s)
+    after = _cpu_times()
+    if before is None or after is None or after[1] == before[1]:
+        return math.nan
+    return (after[0] - before[0]) / (after[1] - before[1])
+
+
+def settle(
+    threshold: float = 0.25, quiet_windows: int = 2, window_s: float = 0.5, timeout_s: float = 30.0
+) -> tuple[float, float]:
+    """Wait until the CPUs are quiet: ``quiet_windows`` windows in a row under ``threshold``.
+
+    Run before every timed run, whatever the engine: what the previous job left running
+    (a JVM shutting down, processes a Ray starts after a job) must not be billed to the
+    next one. Gives up after ``timeout_s`` (a machine busy with other work never goes
+    quiet). Returns (seconds waited, the last window's busy share).
+    """
+    started = time.monotonic()
+    quiet = 0
+    busy = math.nan
+    while time.monotonic() - started < timeout_s:
+        busy = cpu_busy(window_s)
+        if math.isnan(busy):
+            break
+        quiet = quiet + 1 if busy < threshold else 0
+        if quiet >= quiet_windows:
+            break
+    return time.monotonic() - started, busy
 
 
 def load_text() -> str:

@@ -31,10 +31,13 @@ rayflow (Ray started once before everything, then a small warm-up job), ``INSERT
 .wait()`` / ``execute()`` for PyFlink (JVM start excluded, planning and deployment
 included) and ``cli_main()`` for Bytewax. Also shown: rayflow's
 ``JobResult.duration_s`` rate, and for the peers N / (process start -> job end).
-Configurations of every engine run interleaved (round-robin over the runs), block by
-block: the whole-job block (N = ``--records``, 2M) and the steady-state block
-(EXACTLY_ONCE, 20M, or 10M for per-record Python paths). The load average is noted
-per run.
+Configurations of every engine run interleaved, block by block, each round starting one
+place further on (so no engine always follows the same one), and before every run the
+script waits for the CPUs to go quiet (what a job leaves running, a JVM exiting or the
+idle workers Ray starts after a rayflow job, is not billed to the next run); the rate
+ratios of each acceptance pair are printed per round. The blocks: the whole-job block
+(N = ``--records``, 2M) and the steady-state block (EXACTLY_ONCE, 20M, or 10M for
+per-record Python paths). The load average is noted per run.
 
 Run from the repository root::
 
@@ -79,7 +82,14 @@ if str(HERE.parent) not in sys.path:
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
-from bench_runner import holding, load1, load_text, rayflow_revision, start_ray  # noqa: E402
+from bench_runner import (  # noqa: E402
+    holding,
+    load1,
+    load_text,
+    rayflow_revision,
+    settle,
+    start_ray,
+)
 from peers_common import KEYS, check_sums, parse_result  # noqa: E402
 
 import rayflow  # noqa: E402
@@ -102,6 +112,8 @@ __all__ = [
     "PRESETS",
     "plan",
     "summarize",
+    "round_order",
+    "round_ratios",
     "render_table",
     "upsert_results",
     "parse_args",
@@ -216,6 +228,9 @@ class Run:
     check: str = ""
     error: str = ""
     load: float = math.nan
+    round: int = 0  # which round of the block (0-based)
+    settle_s: float = math.nan  # waited for quiet CPUs before it
+    busy_before: float = math.nan  # the CPUs' busy share in the last window before it
 
     @property
     def rate(self) -> float:
@@ -446,6 +461,66 @@ def peer_version(python: str, distribution: str) -> str:
 
 # --- summarizing ----------------------------------------------------------------------------
 
+#: The pairs the acceptance compares: (rayflow engine, peer engine).
+ACCEPTANCE_PAIRS: tuple[tuple[Engine, Engine], ...] = (
+    (Engine.RAYFLOW_VECTORIZED, Engine.PYFLINK_SQL),
+    (Engine.RAYFLOW_PER_RECORD, Engine.BYTEWAX),
+)
+
+
+def round_order(configs: Sequence[Config], runs: int) -> list[tuple[int, Config]]:
+    """(round, config) in run order: round ``r`` starts ``r`` places further on.
+
+    A fixed order would always run the same engine right after the same other one
+    (whatever that one leaves behind, it leaves to the same engine); rotating gives every
+    engine every place in turn."""
+    n = len(configs)
+    return [(r, configs[(r + i) % n]) for r in range(runs) for i in range(n)]
+
+
+def round_ratios(
+    blocks: Sequence[Block], results: dict[Config, list[Run]]
+) -> list[tuple[str, list[float]]]:
+    """Per acceptance pair, block, mode and parallelism: rayflow's rate over the peer's,
+    one ratio per round in which both ran without error (a ratio within one round
+    compares runs minutes apart, not the medians of the whole block)."""
+    out: list[tuple[str, list[float]]] = []
+    for block in blocks:
+        for ours, theirs in ACCEPTANCE_PAIRS:
+            for a in (c for c in block.configs if c.engine is ours):
+                b = next(
+                    (
+                        c
+                        for c in block.configs
+                        if c.engine is theirs
+                        and c.mode is a.mode
+                        and c.parallelism == a.parallelism
+                    ),
+                    None,
+                )
+                if b is None:
+                    continue
+                by_round = {r.round: r for r in results.get(b, []) if not r.error}
+                ratios = [
+                    r.rate / by_round[r.round].rate
+                    for r in results.get(a, [])
+                    if not r.error and r.round in by_round and by_round[r.round].rate > 0
+                ]
+                if ratios:
+                    out.append((f"{a.label} / {b.label}", ratios))
+    return out
+
+
+def _ratios_text(ratios: list[tuple[str, list[float]]]) -> str:
+    lines = []
+    for label, values in ratios:
+        each = ", ".join(f"{v:.2f}" for v in values)
+        lines.append(
+            f"- {label}: {each} (median {statistics.median(values):.2f}x, "
+            f"lowest {min(values):.2f}x)"
+        )
+    return "Ratios per round (rayflow / peer, runs of the same round):\n\n" + "\n".join(lines)
+
 
 def _median(values: Sequence[float]) -> float:
     values = [v for v in values if v is not None and not math.isnan(v)]
@@ -626,6 +701,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--peer-timeout", type=float, default=PEER_TIMEOUT_S)
     parser.add_argument(
+        "--settle-timeout",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="before every run, wait up to S seconds for the CPUs to be quiet "
+        "(under 25%% busy for 1 s; 0: do not wait)",
+    )
+    parser.add_argument(
         "--bytewax-batch-size",
         type=int,
         default=BYTEWAX_BATCH_SIZE,
@@ -749,8 +832,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                                 args.bytewax_batch_size,
                             )
                         progress(f"warm-up {warm.config.label}: {_describe(warm)}")
-                order = [c for _ in range(args.runs) for c in block.configs]
-                for i, config in enumerate(order, 1):
+                order = round_order(block.configs, args.runs)
+                for i, (round_, config) in enumerate(order, 1):
+                    waited, busy = (
+                        settle(timeout_s=args.settle_timeout)
+                        if args.settle_timeout > 0
+                        else (0.0, math.nan)
+                    )
                     if config.engine.is_rayflow:
                         run = run_rayflow(config, storage, args.channel_bytes)
                     else:
@@ -760,8 +848,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                             args.peer_timeout,
                             args.bytewax_batch_size,
                         )
+                    run.round, run.settle_s, run.busy_before = round_, waited, busy
                     results[config].append(run)
-                    progress(f"[{i}/{len(order)}] {config.label}: {_describe(run)}")
+                    progress(
+                        f"[{i}/{len(order)}] round {round_ + 1} {config.label}: "
+                        f"{_describe(run)}; settled {waited:.1f} s (busy {busy:.0%})"
+                    )
     finally:
         shutil.rmtree(storage, ignore_errors=True)
     total = time.perf_counter() - started
@@ -769,6 +861,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     rows = [(c, results[c]) for b in blocks for c in b.configs if results[c]]
     table = render_table(rows)
+    ratios = round_ratios(blocks, results)
+    every = [r for runs in results.values() for r in runs]
+    waits = [r.settle_s for r in every if not math.isnan(r.settle_s)]
     bad = [c for c, runs in rows if summarize(runs)["bad"]]
     notes = [
         f"Command: `{command}`",
@@ -777,10 +872,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"within each block ({'; '.join(b.name for b in blocks)}).",
         f"Load average (1/5/15 min) at start {load_start}, at end {load_end}; total {total:.0f} s.",
     ]
+    if waits:
+        gave_up = sum(1 for w in waits if w >= args.settle_timeout - 0.5)
+        notes.append(
+            f"Round r runs the block's configurations starting r places on. Before every "
+            f"run the CPUs were let go quiet (under 25% busy for 1 s, at most "
+            f"{args.settle_timeout:g} s): waits {min(waits):.1f} - {max(waits):.1f} s, "
+            f"median {statistics.median(waits):.1f} s; {gave_up} of {len(waits)} gave up."
+        )
     print()
     print("\n\n".join(notes))
     print()
     print(table)
+    if ratios:
+        print()
+        print(_ratios_text(ratios))
     if bad:
         print()
         print("!!! WRONG RESULTS OR FAILED RUNS: " + "; ".join(c.label for c in bad) + " !!!")
@@ -788,6 +894,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         path = Path(args.results_file)
         text = path.read_text() if path.exists() else ""
         body = "\n\n".join(notes) + "\n\n" + table
+        if ratios:
+            body += "\n\n" + _ratios_text(ratios)
         path.write_text(upsert_results(text, args.write_results, body, INTRO))
         print(f"\nwritten to {path} under '### {args.write_results}'")
     return 1 if bad else 0

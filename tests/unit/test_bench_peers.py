@@ -97,6 +97,47 @@ def test_summarize_takes_medians_and_shouts_about_wrong_or_failed_runs(peers):
     assert s["check"] == "unchecked (blackhole sink)" and not s["bad"]
 
 
+def test_each_round_starts_one_place_further_on(peers):
+    configs = [
+        peers.Config(e, peers.Mode.EXACTLY_ONCE, 1, 1000)
+        for e in (peers.Engine.RAYFLOW_PER_RECORD, peers.Engine.BYTEWAX, peers.Engine.PYFLINK_SQL)
+    ]
+    order = peers.round_order(configs, 4)
+    assert [r for r, _ in order] == [0] * 3 + [1] * 3 + [2] * 3 + [3] * 3
+    engines = [c.engine for _, c in order]
+    assert engines[:3] == [c.engine for c in configs]
+    assert engines[3:6] == [c.engine for c in configs[1:] + configs[:1]]
+    assert engines[9:] == engines[:3]
+    # every configuration runs once per round, and each follows a different one in turn
+    for r in range(4):
+        assert sorted(c.engine.value for _, c in order[3 * r : 3 * r + 3]) == sorted(
+            c.engine.value for c in configs
+        )
+    before_bytewax = {engines[i - 1] for i in range(1, 9) if engines[i] is peers.Engine.BYTEWAX}
+    assert len(before_bytewax) == 2
+
+
+def test_ratios_are_taken_within_a_round_and_skip_failed_runs(peers):
+    ours = peers.Config(peers.Engine.RAYFLOW_PER_RECORD, peers.Mode.EXACTLY_ONCE, 1, 1_000_000)
+    theirs = peers.Config(peers.Engine.BYTEWAX, peers.Mode.EXACTLY_ONCE, 1, 2_000_000)
+    other_mode = peers.Config(peers.Engine.BYTEWAX, peers.Mode.NONE, 1, 1_000_000)
+    block = peers.Block("b", (ours, theirs, other_mode))
+    results = {
+        ours: [_run(peers, ours, s, round=r) for r, s in enumerate((1.0, 2.0, 1.0))],
+        theirs: [
+            _run(peers, theirs, 4.0, round=0),
+            peers.Run(theirs, error="X: y", round=1),
+            _run(peers, theirs, 8.0, round=2),
+        ],
+        other_mode: [_run(peers, other_mode, 100.0, round=r) for r in range(3)],
+    }
+    [(label, ratios)] = peers.round_ratios([block], results)
+    # 1M/1s over 2M/4s, round 1 left out, 1M/1s over 2M/8s: only the same mode compared
+    assert ratios == [2.0, 4.0]
+    assert label == "rayflow per record EXACTLY_ONCE p=1 N=1M / Bytewax recovery p=1 N=2M"
+    assert peers.round_ratios([peers.Block("b", (ours,))], results) == []
+
+
 def test_table_has_one_row_per_configuration(peers):
     eo = peers.Config(peers.Engine.BYTEWAX, peers.Mode.EXACTLY_ONCE, 2, 2_000_000)
     off = peers.Config(peers.Engine.RAYFLOW_VECTORIZED, peers.Mode.NONE, 1, 20_000_000)
@@ -241,3 +282,13 @@ def test_count_max_sink_keeps_the_largest_sum_per_key(peers):
     other = {"count": 1, "sums": {2: 8}, "rayflow": first["rayflow"]}
     merged = peers.CountMaxSink().merge_results([first, None, other])
     assert merged == {"count": 6, "sums": {1: 9, 2: 8}, "rayflow": [first["rayflow"]]}
+
+
+def test_settle_reads_the_cpus_and_gives_up_in_time():
+    runner = _load("bench_runner")
+    busy = runner.cpu_busy(0.05)
+    assert 0.0 <= busy <= 1.0
+    waited, last = runner.settle(threshold=-1.0, window_s=0.05, timeout_s=0.3)
+    assert 0.3 <= waited < 1.0 and 0.0 <= last <= 1.0  # never quiet under a threshold of -1
+    waited, _ = runner.settle(threshold=2.0, quiet_windows=2, window_s=0.05, timeout_s=5.0)
+    assert waited < 1.0  # always quiet under a threshold of 2: two windows
