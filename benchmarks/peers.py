@@ -14,10 +14,12 @@ Engines (``Engine``):
   per batch, so only the sums are checked).
 * rayflow per record: ``map(lambda r: {"key": r["value"] % 1000, "value": r["value"]})``
   -> ``key_by("key").reduce(...)``: one update per record.
-* Bytewax (``benchmarks/peers_bytewax.py``), PyFlink SQL and PyFlink DataStream
-  (``benchmarks/peers_pyflink.py``): run as subprocesses with the python of the peer's
-  own virtual environment (``--bytewax PYTHON``, ``--pyflink PYTHON``); each prints one
-  JSON result line. Installing them is never a dependency of rayflow::
+* Bytewax (``benchmarks/peers_bytewax.py``), PyFlink SQL (one update per record, as
+  ``../shared/peers.md`` defines it), PyFlink SQL mini-batch (Flink's batching of updates
+  and local-global aggregation, the setting a Flink user tuning for throughput picks)
+  and PyFlink DataStream (``benchmarks/peers_pyflink.py``): run as subprocesses with
+  the python of the peer's own virtual environment (``--bytewax PYTHON``, ``--pyflink
+  PYTHON``); each prints one JSON result line. Installing them is never a dependency of rayflow::
 
       python -m venv /tmp/peers/bytewax && /tmp/peers/bytewax/bin/pip install bytewax==0.21.1
       python -m venv /tmp/peers/pyflink && /tmp/peers/pyflink/bin/pip install apache-flink==2.3.0
@@ -127,8 +129,15 @@ INTERVAL_MS = 1000
 WARM_UP_RECORDS = 100_000
 PEER_TIMEOUT_S = 600.0
 #: Items per Bytewax source batch: Bytewax's rate depends on it strongly (at 2M records,
-#: about 8x between 1 and 8192); 8192 is rayflow's NumberSequenceSource batch so far.
+#: about 8x between 1 and 8192). rayflow's NumberSequenceSource reads 1 MiB of int64 values
+#: per batch (131,072 rows); Bytewax ran 10M records with recovery in 21.5 and 23.8 s at
+#: 8192 and in 26.1 and 21.8 s at 131,072 (2026-12-07, interleaved), so 8192 is kept.
 BYTEWAX_BATCH_SIZE = 8192
+#: Before every run, the CPUs must be quiet this long: longer than the 2 s after a rayflow
+#: job ends at which Ray is asked for idle workers that import rayflow
+#: (``warm_workers.HOOKED_AFTER_S``), so that their start is not billed to the next run.
+SETTLE_QUIET_S = 3.0
+SETTLE_WINDOW_S = 0.5
 
 
 class Engine(str, enum.Enum):
@@ -136,6 +145,7 @@ class Engine(str, enum.Enum):
     RAYFLOW_PER_RECORD = "rayflow-per-record"
     BYTEWAX = "bytewax"
     PYFLINK_SQL = "pyflink-sql"
+    PYFLINK_SQL_MINI_BATCH = "pyflink-sql-mini-batch"
     PYFLINK_DATASTREAM = "pyflink-datastream"
 
     @property
@@ -145,6 +155,7 @@ class Engine(str, enum.Enum):
             Engine.RAYFLOW_PER_RECORD: "rayflow per record",
             Engine.BYTEWAX: "Bytewax",
             Engine.PYFLINK_SQL: "PyFlink SQL",
+            Engine.PYFLINK_SQL_MINI_BATCH: "PyFlink SQL mini-batch",
             Engine.PYFLINK_DATASTREAM: "PyFlink DataStream (thread mode)",
         }[self]
 
@@ -410,7 +421,10 @@ def peer_command(
     if config.engine is Engine.BYTEWAX:
         batch = ["--batch-size", str(bytewax_batch_size)]
         return [python, str(HERE / "peers_bytewax.py"), *common, *batch]
-    api = "sql" if config.engine is Engine.PYFLINK_SQL else "datastream"
+    api = {
+        Engine.PYFLINK_SQL: "sql",
+        Engine.PYFLINK_SQL_MINI_BATCH: "sql-mini-batch",
+    }.get(config.engine, "datastream")
     return [python, str(HERE / "peers_pyflink.py"), "--api", api, *common]
 
 
@@ -464,6 +478,7 @@ def peer_version(python: str, distribution: str) -> str:
 #: The pairs the acceptance compares: (rayflow engine, peer engine).
 ACCEPTANCE_PAIRS: tuple[tuple[Engine, Engine], ...] = (
     (Engine.RAYFLOW_VECTORIZED, Engine.PYFLINK_SQL),
+    (Engine.RAYFLOW_VECTORIZED, Engine.PYFLINK_SQL_MINI_BATCH),
     (Engine.RAYFLOW_PER_RECORD, Engine.BYTEWAX),
 )
 
@@ -706,7 +721,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=30.0,
         metavar="S",
         help="before every run, wait up to S seconds for the CPUs to be quiet "
-        "(under 25%% busy for 1 s; 0: do not wait)",
+        f"(under 25%% busy for {SETTLE_QUIET_S:g} s; 0: do not wait)",
     )
     parser.add_argument(
         "--bytewax-batch-size",
@@ -780,7 +795,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(line, flush=True)
 
     peers = {"bytewax": args.bytewax, "pyflink": args.pyflink}
-    versions = [f"Ray {ray.__version__}", f"pyarrow {pa.__version__}"]
+    versions = [
+        f"Ray {ray.__version__}",
+        f"pyarrow {pa.__version__}",
+        f"rayflow source batches of {NumberSequenceSource(0, 1).batch_size}",
+    ]
     if args.bytewax:
         bytewax = peer_version(args.bytewax, "bytewax")
         versions.append(f"Bytewax {bytewax} (source batches of {args.bytewax_batch_size})")
@@ -835,7 +854,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 order = round_order(block.configs, args.runs)
                 for i, (round_, config) in enumerate(order, 1):
                     waited, busy = (
-                        settle(timeout_s=args.settle_timeout)
+                        settle(
+                            quiet_windows=int(SETTLE_QUIET_S / SETTLE_WINDOW_S),
+                            window_s=SETTLE_WINDOW_S,
+                            timeout_s=args.settle_timeout,
+                        )
                         if args.settle_timeout > 0
                         else (0.0, math.nan)
                     )
@@ -876,7 +899,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         gave_up = sum(1 for w in waits if w >= args.settle_timeout - 0.5)
         notes.append(
             f"Round r runs the block's configurations starting r places on. Before every "
-            f"run the CPUs were let go quiet (under 25% busy for 1 s, at most "
+            f"run the CPUs were let go quiet (under 25% busy for {SETTLE_QUIET_S:g} s, at most "
             f"{args.settle_timeout:g} s): waits {min(waits):.1f} - {max(waits):.1f} s, "
             f"median {statistics.median(waits):.1f} s; {gave_up} of {len(waits)} gave up."
         )

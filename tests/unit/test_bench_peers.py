@@ -163,16 +163,18 @@ def test_acceptance_preset_plans_the_baseline(peers):
         "steady state, p=1, EXACTLY_ONCE",
     ]
     whole = {(c.engine.value, c.mode.value, c.parallelism, c.records) for c in blocks[0].configs}
-    for engine in ("rayflow-vectorized", "rayflow-per-record", "bytewax", "pyflink-sql"):
+    engines = ("rayflow-vectorized", "rayflow-per-record", "bytewax", "pyflink-sql")
+    for engine in (*engines, "pyflink-sql-mini-batch"):
         for mode in ("none", "exactly-once"):
             assert (engine, mode, 1, 2_000_000) in whole
-    assert len(whole) == 8
+    assert len(whole) == 10
     steady = {(c.engine.value, c.records) for c in blocks[1].configs}
     assert steady == {
         ("rayflow-vectorized", 20_000_000),
         ("rayflow-per-record", 10_000_000),
         ("bytewax", 10_000_000),
         ("pyflink-sql", 20_000_000),
+        ("pyflink-sql-mini-batch", 20_000_000),
     }
     # interleaved: engines alternate within a mode
     assert [c.engine for c in blocks[0].configs[:4]] == list(peers.Engine)[:4]
@@ -202,6 +204,7 @@ def test_peers_without_python_are_left_out_and_options_override(peers):
         "rayflow-vectorized",
         "rayflow-per-record",
         "pyflink-sql",
+        "pyflink-sql-mini-batch",
     }
 
     args = peers.parse_args(
@@ -241,6 +244,10 @@ def test_peer_command_lines(peers):
         "--mode",
         "unaligned",
     ]
+    mini = peers.Config(peers.Engine.PYFLINK_SQL_MINI_BATCH, peers.Mode.EXACTLY_ONCE, 1, 7)
+    assert peers.peer_command(mini, "py")[2:4] == ["--api", "sql-mini-batch"]
+    ds = peers.Config(peers.Engine.PYFLINK_DATASTREAM, peers.Mode.NONE, 1, 7)
+    assert peers.peer_command(ds, "py")[2:4] == ["--api", "datastream"]
     bw = peers.Config(peers.Engine.BYTEWAX, peers.Mode.EXACTLY_ONCE, 1, 5)
     cmd = peers.peer_command(bw, "py", bytewax_batch_size=100)
     assert cmd[1].endswith("peers_bytewax.py") and cmd[-2:] == ["--batch-size", "100"]
