@@ -86,6 +86,7 @@ def _cpu_times() -> tuple[int, int] | None:
             fields = [int(x) for x in f.readline().split()[1:]]
     except (OSError, ValueError):
         return None
+    fields = fields[:8]  # user nice system idle iowait irq softirq steal (guest is in user)
     idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
     return sum(fields) - idle, sum(fields)
 
@@ -102,13 +103,13 @@ def cpu_busy(window_s: float = 0.5) -> float:
 
 def settle(
     threshold: float = 0.25, quiet_windows: int = 2, window_s: float = 0.5, timeout_s: float = 30.0
-) -> tuple[float, float]:
+) -> tuple[float, float, bool]:
     """Wait until the CPUs are quiet: ``quiet_windows`` windows in a row under ``threshold``.
 
     Run before every timed run, whatever the engine: what the previous job left running
     (a JVM shutting down, processes a Ray starts after a job) must not be billed to the
     next one. Gives up after ``timeout_s`` (a machine busy with other work never goes
-    quiet). Returns (seconds waited, the last window's busy share).
+    quiet). Returns (seconds waited, the last window's busy share, whether it went quiet).
     """
     started = time.monotonic()
     quiet = 0
@@ -120,7 +121,7 @@ def settle(
         quiet = quiet + 1 if busy < threshold else 0
         if quiet >= quiet_windows:
             break
-    return time.monotonic() - started, busy
+    return time.monotonic() - started, busy, quiet >= quiet_windows
 
 
 def load_text() -> str:

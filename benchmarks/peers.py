@@ -33,8 +33,9 @@ rayflow (Ray started once before everything, then a small warm-up job), ``INSERT
 .wait()`` / ``execute()`` for PyFlink (JVM start excluded, planning and deployment
 included) and ``cli_main()`` for Bytewax. Also shown: rayflow's
 ``JobResult.duration_s`` rate, and for the peers N / (process start -> job end).
-Configurations of every engine run interleaved, block by block, each round starting one
-place further on (so no engine always follows the same one), and before every run the
+Configurations of every engine run interleaved, block by block, each round in the order
+of a row of a Williams design (over enough rounds every configuration follows every other
+one equally often, so none always follows the same one), and before every run the
 script waits for the CPUs to go quiet (what a job leaves running, a JVM exiting or the
 idle workers Ray starts after a rayflow job, is not billed to the next run); the rate
 ratios of each acceptance pair are printed per round. The blocks: the whole-job block
@@ -242,6 +243,8 @@ class Run:
     round: int = 0  # which round of the block (0-based)
     settle_s: float = math.nan  # waited for quiet CPUs before it
     busy_before: float = math.nan  # the CPUs' busy share in the last window before it
+    quiet_before: bool = True  # False: the wait for quiet CPUs gave up
+    after: Engine | None = None  # the engine of the run before it in its block
 
     @property
     def rate(self) -> float:
@@ -483,14 +486,32 @@ ACCEPTANCE_PAIRS: tuple[tuple[Engine, Engine], ...] = (
 )
 
 
-def round_order(configs: Sequence[Config], runs: int) -> list[tuple[int, Config]]:
-    """(round, config) in run order: round ``r`` starts ``r`` places further on.
+def _williams_rows(n: int) -> list[list[int]]:
+    """The rows of a Williams design for ``n`` items: over its rows each item comes right
+    after each other item equally often (once for even ``n``, in ``2n`` rows twice for odd)."""
+    first, low, high = [0], 1, n - 1
+    while len(first) < n:
+        first.append(low)
+        low += 1
+        if len(first) < n:
+            first.append(high)
+            high -= 1
+    rows = [[(x + r) % n for x in first] for r in range(n)]
+    if n % 2 == 0:
+        return rows
+    # odd: each row then its reverse, so that a few rounds already mix both halves
+    return [row for forward in rows for row in (forward, forward[::-1])]
 
-    A fixed order would always run the same engine right after the same other one
-    (whatever that one leaves behind, it leaves to the same engine); rotating gives every
-    engine every place in turn."""
-    n = len(configs)
-    return [(r, configs[(r + i) % n]) for r in range(runs) for i in range(n)]
+
+def round_order(configs: Sequence[Config], runs: int) -> list[tuple[int, Config]]:
+    """(round, config) in run order, each round a row of a Williams design.
+
+    A fixed order, or one rotated each round, runs every engine right after the same other
+    one (whatever that one leaves behind, such as the idle workers Ray starts after a
+    rayflow job, it leaves to the same engine); here, over enough rounds, every
+    configuration follows every other one equally often."""
+    rows = _williams_rows(len(configs)) if configs else [[]]
+    return [(r, configs[i]) for r in range(runs) for i in rows[r % len(rows)]]
 
 
 def round_ratios(
@@ -768,6 +789,20 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def _waits_by_predecessor(runs: Sequence[Run]) -> str:
+    """The median wait for quiet CPUs after a rayflow run and after a peer's run."""
+    parts = []
+    for label, ours in (("a rayflow run", True), ("a peer's run", False)):
+        waits = [
+            r.settle_s
+            for r in runs
+            if r.after is not None and r.after.is_rayflow is ours and not math.isnan(r.settle_s)
+        ]
+        if waits:
+            parts.append(f"after {label} {statistics.median(waits):.1f} s ({len(waits)} runs)")
+    return (" Median wait " + "; ".join(parts) + ".") if parts else ""
+
+
 def _one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
 
@@ -852,15 +887,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                             )
                         progress(f"warm-up {warm.config.label}: {_describe(warm)}")
                 order = round_order(block.configs, args.runs)
+                previous: Engine | None = None
                 for i, (round_, config) in enumerate(order, 1):
-                    waited, busy = (
+                    waited, busy, quiet = (
                         settle(
                             quiet_windows=int(SETTLE_QUIET_S / SETTLE_WINDOW_S),
                             window_s=SETTLE_WINDOW_S,
                             timeout_s=args.settle_timeout,
                         )
                         if args.settle_timeout > 0
-                        else (0.0, math.nan)
+                        else (0.0, math.nan, True)
                     )
                     if config.engine.is_rayflow:
                         run = run_rayflow(config, storage, args.channel_bytes)
@@ -872,6 +908,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                             args.bytewax_batch_size,
                         )
                     run.round, run.settle_s, run.busy_before = round_, waited, busy
+                    run.quiet_before, run.after = quiet, previous
+                    previous = config.engine
                     results[config].append(run)
                     progress(
                         f"[{i}/{len(order)}] round {round_ + 1} {config.label}: "
@@ -896,12 +934,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"Load average (1/5/15 min) at start {load_start}, at end {load_end}; total {total:.0f} s.",
     ]
     if waits:
-        gave_up = sum(1 for w in waits if w >= args.settle_timeout - 0.5)
+        gave_up = sum(1 for r in every if not r.quiet_before)
         notes.append(
-            f"Round r runs the block's configurations starting r places on. Before every "
+            f"Each round's order is a row of a Williams design. Before every "
             f"run the CPUs were let go quiet (under 25% busy for {SETTLE_QUIET_S:g} s, at most "
             f"{args.settle_timeout:g} s): waits {min(waits):.1f} - {max(waits):.1f} s, "
             f"median {statistics.median(waits):.1f} s; {gave_up} of {len(waits)} gave up."
+            + _waits_by_predecessor(every)
         )
     print()
     print("\n\n".join(notes))

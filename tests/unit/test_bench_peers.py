@@ -97,24 +97,31 @@ def test_summarize_takes_medians_and_shouts_about_wrong_or_failed_runs(peers):
     assert s["check"] == "unchecked (blackhole sink)" and not s["bad"]
 
 
-def test_each_round_starts_one_place_further_on(peers):
-    configs = [
-        peers.Config(e, peers.Mode.EXACTLY_ONCE, 1, 1000)
-        for e in (peers.Engine.RAYFLOW_PER_RECORD, peers.Engine.BYTEWAX, peers.Engine.PYFLINK_SQL)
-    ]
-    order = peers.round_order(configs, 4)
-    assert [r for r, _ in order] == [0] * 3 + [1] * 3 + [2] * 3 + [3] * 3
-    engines = [c.engine for _, c in order]
-    assert engines[:3] == [c.engine for c in configs]
-    assert engines[3:6] == [c.engine for c in configs[1:] + configs[:1]]
-    assert engines[9:] == engines[:3]
-    # every configuration runs once per round, and each follows a different one in turn
-    for r in range(4):
-        assert sorted(c.engine.value for _, c in order[3 * r : 3 * r + 3]) == sorted(
-            c.engine.value for c in configs
-        )
-    before_bytewax = {engines[i - 1] for i in range(1, 9) if engines[i] is peers.Engine.BYTEWAX}
-    assert len(before_bytewax) == 2
+@pytest.mark.parametrize(("n", "rounds", "times"), [(4, 4, 1), (5, 10, 2), (6, 6, 1)])
+def test_every_configuration_follows_every_other_equally_often(peers, n, rounds, times):
+    engines = list(peers.Engine)[:n] + list(peers.Engine)[: max(0, n - len(peers.Engine))]
+    configs = [peers.Config(e, peers.Mode.EXACTLY_ONCE, 1, 1000 + i) for i, e in enumerate(engines)]
+    order = peers.round_order(configs, rounds)
+    assert [r for r, _ in order] == [r for r in range(rounds) for _ in range(n)]
+    follows: dict[tuple, int] = {}
+    for r in range(rounds):
+        row = [c for _, c in order[n * r : n * (r + 1)]]
+        assert sorted(row, key=configs.index) == configs  # each once per round
+        for before, after in zip(row, row[1:]):
+            follows[(before, after)] = follows.get((before, after), 0) + 1
+    assert len(follows) == n * (n - 1) and set(follows.values()) == {times}
+
+
+def test_the_acceptance_plan_gives_bytewax_several_predecessors(peers):
+    args = peers.parse_args(["--bytewax", sys.executable, "--pyflink", sys.executable])
+    for block in peers.plan(args):
+        order = [c for _, c in peers.round_order(block.configs, 5)]
+        before = {
+            order[i - 1].engine
+            for i in range(1, len(order))
+            if order[i].engine is peers.Engine.BYTEWAX
+        }
+        assert len(before) >= 3, block.name
 
 
 def test_ratios_are_taken_within_a_round_and_skip_failed_runs(peers):
@@ -295,7 +302,22 @@ def test_settle_reads_the_cpus_and_gives_up_in_time():
     runner = _load("bench_runner")
     busy = runner.cpu_busy(0.05)
     assert 0.0 <= busy <= 1.0
-    waited, last = runner.settle(threshold=-1.0, window_s=0.05, timeout_s=0.3)
+    waited, last, quiet = runner.settle(threshold=-1.0, window_s=0.05, timeout_s=0.3)
     assert 0.3 <= waited < 1.0 and 0.0 <= last <= 1.0  # never quiet under a threshold of -1
-    waited, _ = runner.settle(threshold=2.0, quiet_windows=2, window_s=0.05, timeout_s=5.0)
-    assert waited < 1.0  # always quiet under a threshold of 2: two windows
+    assert not quiet
+    waited, _, quiet = runner.settle(threshold=2.0, quiet_windows=2, window_s=0.05, timeout_s=5)
+    assert waited < 1.0 and quiet  # always quiet under a threshold of 2: two windows
+
+
+def test_waits_are_told_apart_by_the_engine_that_ran_before(peers):
+    config = peers.Config(peers.Engine.BYTEWAX, peers.Mode.NONE, 1, 10)
+    runs = [
+        peers.Run(config, settle_s=8.0, after=peers.Engine.RAYFLOW_PER_RECORD),
+        peers.Run(config, settle_s=9.0, after=peers.Engine.RAYFLOW_VECTORIZED),
+        peers.Run(config, settle_s=3.0, after=peers.Engine.PYFLINK_SQL),
+        peers.Run(config, settle_s=1.0),  # first of its block: no predecessor
+    ]
+    text = peers._waits_by_predecessor(runs)
+    assert "after a rayflow run 8.5 s (2 runs)" in text
+    assert "after a peer's run 3.0 s (1 runs)" in text
+    assert peers._waits_by_predecessor(runs[3:]) == ""
