@@ -16,7 +16,7 @@ Engines (``Engine``):
   -> ``key_by("key").reduce(...)``: one update per record.
 * Bytewax (``benchmarks/peers_bytewax.py``), PyFlink SQL (one update per record, as
   ``../shared/peers.md`` defines it), PyFlink SQL mini-batch (Flink's batching of updates
-  and local-global aggregation, the setting a Flink user tuning for throughput picks)
+  and local-global aggregation: one setting, not tuned further)
   and PyFlink DataStream (``benchmarks/peers_pyflink.py``): run as subprocesses with
   the python of the peer's own virtual environment (``--bytewax PYTHON``, ``--pyflink
   PYTHON``); each prints one JSON result line. Installing them is never a dependency of rayflow::

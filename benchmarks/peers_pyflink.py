@@ -12,8 +12,8 @@ Two forms of the job, both on a local MiniCluster (``parallelism.default``):
   ``INSERT INTO snk SELECT k, SUM(v) FROM src GROUP BY k`` in streaming mode with
   mini-batch off (one update per input record) into a ``blackhole`` sink. Nothing
   reaches Python, so the sums are not checked (reported as ``unchecked``).
-* ``--api sql-mini-batch``: the same query with Flink's own batching of updates, as a
-  Flink user tuning for throughput sets it: mini-batch on (a bundle closes after
+* ``--api sql-mini-batch``: the same query with Flink's own batching of updates, one
+  setting not tuned further: mini-batch on (a bundle closes after
   ``MINI_BATCH_LATENCY`` or ``MINI_BATCH_SIZE`` records, like rayflow's buffer timeout
   and source batch) and two-phase (local-global) aggregation. One update per key per
   bundle, as rayflow's vectorized ``sum`` gives one per key per batch.
