@@ -99,8 +99,7 @@ def test_summarize_takes_medians_and_shouts_about_wrong_or_failed_runs(peers):
 
 @pytest.mark.parametrize(("n", "rounds", "times"), [(4, 4, 1), (5, 10, 2), (6, 6, 1)])
 def test_every_configuration_follows_every_other_equally_often(peers, n, rounds, times):
-    engines = list(peers.Engine)[:n] + list(peers.Engine)[: max(0, n - len(peers.Engine))]
-    configs = [peers.Config(e, peers.Mode.EXACTLY_ONCE, 1, 1000 + i) for i, e in enumerate(engines)]
+    configs = [peers.Config(peers.Engine.BYTEWAX, peers.Mode.NONE, 1, 1000 + i) for i in range(n)]
     order = peers.round_order(configs, rounds)
     assert [r for r, _ in order] == [r for r in range(rounds) for _ in range(n)]
     follows: dict[tuple, int] = {}
